@@ -1,0 +1,1 @@
+"""Synthetic ghost-occupancy fleet and the `ghostgpu bench` benchmark (DESIGN §5)."""
