@@ -11,8 +11,8 @@ from __future__ import annotations
 import random
 
 from ghostgpu.verdict import (
-    ArtifactsNotDeclared,
     ArtifactSizes,
+    ArtifactsNotDeclared,
     Evidence,
     FailureReason,
     FaultEvidence,
@@ -59,7 +59,9 @@ def read_silently(evidence: Evidence) -> Evidence:
             "utilization": tuple(0.0 if isinstance(s, SignalFailure) else s for s in evidence.utilization),
             "processes": () if isinstance(evidence.processes, SignalFailure) else evidence.processes,
             "artifacts": (
-                ArtifactsNotDeclared() if isinstance(evidence.artifacts, SignalFailure) else evidence.artifacts
+                ArtifactsNotDeclared()
+                if isinstance(evidence.artifacts, SignalFailure)
+                else evidence.artifacts
             ),
             "faults": FaultEvidence() if isinstance(evidence.faults, SignalFailure) else evidence.faults,
         }

@@ -11,8 +11,8 @@ import random
 
 from ghostgpu.sim.model import FleetModel, SimInstance, TruthClass
 from ghostgpu.verdict import (
-    ArtifactsNotDeclared,
     ArtifactSizes,
+    ArtifactsNotDeclared,
     ContainerRestart,
     Evidence,
     FaultEvidence,
@@ -50,7 +50,8 @@ def _active(rng: random.Random, model: FleetModel, samples: int) -> tuple[bool, 
             readings.append(float(rng.randint(15, 100)))
     n = rng.randint(model.active_min_processes, model.active_max_processes)
     processes = tuple(
-        ProcessInfo(pid=1 + i * 7, state=rng.choice(LIVE_STATES), command=WORKER_COMMANDS[i]) for i in range(n)
+        ProcessInfo(pid=1 + i * 7, state=rng.choice(LIVE_STATES), command=WORKER_COMMANDS[i])
+        for i in range(n)
     )
     start = rng.randint(1 << 20, 1 << 34)
     grows = (not in_gap) or rng.random() < model.gap_artifact_growth_prob
@@ -118,7 +119,9 @@ def _zombie(rng: random.Random, model: FleetModel, samples: int) -> tuple[bool, 
     return defunct, crash, evidence
 
 
-def generate_fleet(seed: int, instances: int, samples: int, model: FleetModel | None = None) -> list[SimInstance]:
+def generate_fleet(
+    seed: int, instances: int, samples: int, model: FleetModel | None = None
+) -> list[SimInstance]:
     """`instances` workloads for one seed, each with `samples` utilization readings.
 
     Deterministic: the same (seed, instances, samples, model) always yields the same fleet.

@@ -170,7 +170,9 @@ def _rate(num: int, den: int) -> float:
     return num / den if den else 0.0
 
 
-def run_bench(config: BenchConfig | None = None, progress: Callable[[int], None] | None = None) -> BenchResult:
+def run_bench(
+    config: BenchConfig | None = None, progress: Callable[[int], None] | None = None
+) -> BenchResult:
     """Run the benchmark. `progress(n)` is called after every n instances (for a progress bar)."""
     config = config or BenchConfig()
     detectors = table_detectors(config.window)
