@@ -1,0 +1,652 @@
+"""The ghostgpu.yaml model: one cluster file from which every bundle and the controller are built.
+
+Public interface:
+    load_config(path) -> GhostgpuConfig            the whole file (raises ConfigError)
+    load_config_text(text, source) -> GhostgpuConfig
+    load_default_config() -> GhostgpuConfig         the embedded examples/ghostgpu.yaml
+    load_controller_config(path) -> ControllerConfig  the controller section alone, as the
+                                                       rendered ConfigMap carries it
+
+Keys are camelCase like Kubernetes (nominalQuota, pollInterval); unknown keys are errors.
+Structural checks are pydantic's; cross-references (undefined flavor, duplicate names, ...) are
+checked afterwards by `semantic_issues` so that every problem is reported, not just the first.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from string import Template
+from typing import Annotated, Any, Literal
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic.alias_generators import to_camel
+
+from ghostgpu.config_errors import ConfigError, ConfigIssue, format_path, issues_from_validation, parse_yaml
+from ghostgpu.quantity import Duration, Quantity
+
+# --- the labelling contract (DESIGN §3); fixed, not configurable ---
+OPT_IN_LABEL = "ghostgpu.io/reclaim"
+OPT_IN_VALUE = "enabled"
+TEAM_LABEL = "ghostgpu.io/team"
+TRACKED_LABEL = "ghostgpu.io/tracked"
+KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+KUEUE_MANAGED_LABEL = "kueue.x-k8s.io/managed"
+DEFAULT_LOCAL_QUEUE = "default"
+
+API_VERSION = "ghostgpu.io/v1alpha1"
+KIND = "GhostgpuConfig"
+
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+# Extended resources are always domain-prefixed (nvidia.com/gpu, nvidia.com/mig-1g.10gb).
+_EXTENDED_RESOURCE = re.compile(
+    r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)+/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
+)
+_LABEL_KEY = re.compile(
+    r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
+)
+_LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+
+
+def _dns_label(value: str) -> str:
+    if len(value) > 63 or not _DNS_LABEL.match(value):
+        raise ValueError(
+            f"expected a DNS-1123 label (lower-case letters, digits and '-', starting and ending "
+            f"with a letter or digit, at most 63 characters), got {value!r}"
+        )
+    return value
+
+
+def _extended_resource(value: str) -> str:
+    if len(value) > 253 or not _EXTENDED_RESOURCE.match(value):
+        raise ValueError(
+            f"expected a domain-prefixed extended resource name such as nvidia.com/gpu or "
+            f"nvidia.com/mig-1g.10gb, got {value!r}"
+        )
+    return value
+
+
+def _label_map(value: dict[str, str]) -> dict[str, str]:
+    for key, val in value.items():
+        if not _LABEL_KEY.match(key) or len(key.split("/")[-1]) > 63:
+            raise ValueError(f"{key!r} is not a valid Kubernetes label key")
+        if not isinstance(val, str) or len(val) > 63 or not _LABEL_VALUE.match(val):
+            raise ValueError(f"label {key!r}: {val!r} is not a valid Kubernetes label value")
+    return dict(sorted(value.items()))
+
+
+Name = Annotated[str, AfterValidator(_dns_label)]
+ResourceName = Annotated[str, AfterValidator(_extended_resource)]
+LabelMap = Annotated[dict[str, str], AfterValidator(_label_map)]
+
+
+class Model(BaseModel):
+    """Base for every section: camelCase keys, unknown keys rejected, immutable."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        alias_generator=to_camel,
+        populate_by_name=True,
+        frozen=True,
+        str_strip_whitespace=True,
+    )
+
+
+# --- GPU flavors -------------------------------------------------------------------------------
+
+
+class Taint(Model):
+    key: str
+    value: str | None = None
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"]
+
+
+class Toleration(Model):
+    key: str | None = None
+    operator: Literal["Equal", "Exists"] = "Equal"
+    value: str | None = None
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
+
+
+class Flavor(Model):
+    """A GPU model or MIG profile: one Kueue ResourceFlavor that provides one resource."""
+
+    name: Name
+    resource: ResourceName = Field(description="the device-plugin resource, e.g. nvidia.com/gpu")
+    node_labels: LabelMap = Field(default_factory=dict)
+    node_taints: list[Taint] = Field(default_factory=list)
+    tolerations: list[Toleration] = Field(default_factory=list)
+
+
+# --- teams and queues ----------------------------------------------------------------------------
+
+
+class FlavorQuota(Model):
+    """Quota of one flavor for one team. A bare quantity is shorthand for {nominalQuota: q}."""
+
+    nominal_quota: Quantity
+    borrowing_limit: Quantity | None = None
+    lending_limit: Quantity | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _shorthand(cls, raw: Any) -> Any:
+        if isinstance(raw, (str, int, float)) and not isinstance(raw, bool):
+            return {"nominalQuota": raw}
+        return raw
+
+
+class BorrowWithinCohort(Model):
+    policy: Literal["Never", "LowerPriority"] = "Never"
+    max_priority_threshold: int | None = None
+
+
+class Preemption(Model):
+    reclaim_within_cohort: Literal["Never", "LowerPriority", "Any"] = "Never"
+    within_cluster_queue: Literal["Never", "LowerPriority", "LowerOrNewerEqualPriority"] = "Never"
+    borrow_within_cohort: BorrowWithinCohort = Field(default_factory=BorrowWithinCohort)
+
+
+class FairSharing(Model):
+    weight: Quantity = Quantity("1")
+
+
+class Team(Model):
+    """A team owns one ClusterQueue (named after the team)."""
+
+    name: Name
+    cohort: Name | None = None
+    quota: dict[str, FlavorQuota] = Field(min_length=1, description="flavor name -> quota")
+    preemption: Preemption = Field(default_factory=Preemption)
+    fair_sharing: FairSharing | None = None
+    queueing_strategy: Literal["BestEffortFIFO", "StrictFIFO"] = "BestEffortFIFO"
+    namespace_quota: dict[str, Quantity] | None = Field(
+        default=None,
+        description="optional GPU ResourceQuota per opted-in namespace of the team: flavor -> count",
+    )
+
+
+class Cohort(Model):
+    name: Name
+    fair_sharing: FairSharing | None = None
+
+
+class PriorityClass(Model):
+    """A Kueue WorkloadPriorityClass."""
+
+    name: Name
+    value: int = Field(ge=-2147483648, le=1000000000)
+    description: str = ""
+
+
+class StaticNamespace(Model):
+    """A namespace that gets its LocalQueue from the kueue/ bundle instead of from Kyverno."""
+
+    name: Name
+    team: Name
+    queue_name: Name = DEFAULT_LOCAL_QUEUE
+
+
+# --- Kueue manager configuration -----------------------------------------------------------------
+
+
+class WaitForPodsReady(Model):
+    """All-or-nothing admission: evict and requeue workloads whose pods are not all ready in time."""
+
+    enabled: bool = True
+    timeout: Duration = Duration("10m")
+    block_admission: bool = True
+    recovery_timeout: Duration | None = None
+
+
+class KueueFairSharing(Model):
+    enabled: bool = True
+    preemption_strategies: list[Literal["LessThanOrEqualToFinalShare", "LessThanInitialShare"]] = Field(
+        default_factory=lambda: ["LessThanOrEqualToFinalShare", "LessThanInitialShare"], min_length=1
+    )
+
+
+class KueueConfig(Model):
+    namespace: Name = "kueue-system"
+    config_map_name: Name = "kueue-manager-config"
+    # Pod-based integrations are what ghostgpu is about; batch/job keeps Jobs queued as usual.
+    frameworks: list[str] = Field(default_factory=lambda: ["batch/job", "deployment", "pod", "statefulset"])
+    wait_for_pods_ready: WaitForPodsReady = Field(default_factory=WaitForPodsReady)
+    fair_sharing: KueueFairSharing = Field(default_factory=KueueFairSharing)
+    # ClusterQueues here cover GPU resources only; Kueue refuses workloads that request a
+    # resource no ClusterQueue covers, so CPU and memory are left to the scheduler.
+    exclude_resource_prefixes: list[str] = Field(
+        default_factory=lambda: ["cpu", "memory", "ephemeral-storage", "hugepages-"]
+    )
+
+    @model_validator(mode="after")
+    def _pod_integrations(self) -> KueueConfig:
+        needs_pod = {"deployment", "statefulset"} & set(self.frameworks)
+        if needs_pod and "pod" not in self.frameworks:
+            raise ValueError(
+                "the deployment and statefulset integrations need the pod integration in frameworks"
+            )
+        return self
+
+
+class PoliciesConfig(Model):
+    # Tracking must never block a workload: a policy error skips the label instead.
+    failure_policy: Literal["Ignore", "Fail"] = "Ignore"
+    validate_job_queue_name: bool = True
+
+
+# --- controller section (the controller reads this from its ConfigMap) ---------------------------
+
+SignalName = Literal["utilization", "processes", "artifacts", "faults"]
+_QUERY_PLACEHOLDERS = frozenset(
+    {
+        "namespace_label",
+        "pod_label",
+        "namespaces",
+        "pods",
+        "utilization_metric",
+        "framebuffer_metric",
+        "xid_metric",
+    }
+)
+
+
+def _query_template(value: str) -> str:
+    template = Template(value)
+    if not template.is_valid():
+        raise ValueError("invalid $-placeholder in PromQL template (write $$ for a literal $)")
+    unknown = sorted(set(template.get_identifiers()) - _QUERY_PLACEHOLDERS)
+    if unknown:
+        raise ValueError(
+            f"unknown placeholder(s) {', '.join('${' + u + '}' for u in unknown)}; "
+            f"known: {', '.join('${' + p + '}' for p in sorted(_QUERY_PLACEHOLDERS))}"
+        )
+    return value
+
+
+QueryTemplate = Annotated[str, AfterValidator(_query_template)]
+
+
+class MetricsPreset(Model):
+    """Where GPU signals live in Prometheus for one exporter family.
+
+    Query templates are `string.Template` PromQL; the controller fills `${namespaces}` and `${pods}`
+    (regex alternations of every tracked pod, so one query per poll covers the whole fleet)."""
+
+    utilization_metric: str
+    utilization_scale: float = Field(1.0, gt=0, description="multiply by this to get percent (0-100)")
+    framebuffer_metric: str
+    framebuffer_unit_bytes: int = Field(gt=0, description="bytes per unit of framebuffer_metric")
+    xid_metric: str
+    namespace_label: str
+    pod_label: str
+    utilization_query: QueryTemplate
+    framebuffer_query: QueryTemplate
+    xid_query: QueryTemplate
+
+    def render_query(
+        self, kind: Literal["utilization", "framebuffer", "xid"], pods: Sequence[tuple[str, str]]
+    ) -> str:
+        """PromQL for `kind` over the given (namespace, pod) pairs, batched into one query."""
+        template = {
+            "utilization": self.utilization_query,
+            "framebuffer": self.framebuffer_query,
+            "xid": self.xid_query,
+        }[kind]
+        namespaces = sorted({ns for ns, _ in pods})
+        names = sorted({pod for _, pod in pods})
+        return Template(template).substitute(
+            namespace_label=self.namespace_label,
+            pod_label=self.pod_label,
+            namespaces=_promql_alternation(namespaces),
+            pods=_promql_alternation(names),
+            utilization_metric=self.utilization_metric,
+            framebuffer_metric=self.framebuffer_metric,
+            xid_metric=self.xid_metric,
+        )
+
+
+def _promql_alternation(values: Sequence[str]) -> str:
+    # Names are DNS labels; only '.' needs escaping, doubled because PromQL strings unescape once.
+    return "|".join(v.replace(".", "\\\\.") for v in values) if values else "^$"
+
+
+_SELECTOR = '{${namespace_label}=~"${namespaces}", ${pod_label}=~"${pods}"}'
+
+
+def _dcgm_preset() -> MetricsPreset:
+    # dcgm-exporter with Kubernetes pod mapping; GPU Operator scrapes it with honorLabels so the
+    # pod labels stay `namespace`/`pod` (set exported_namespace/exported_pod otherwise).
+    return MetricsPreset(
+        utilization_metric="DCGM_FI_DEV_GPU_UTIL",
+        utilization_scale=1.0,
+        framebuffer_metric="DCGM_FI_DEV_FB_USED",
+        framebuffer_unit_bytes=1024 * 1024,
+        xid_metric="DCGM_FI_DEV_XID_ERRORS",
+        namespace_label="namespace",
+        pod_label="pod",
+        utilization_query="max by (${namespace_label}, ${pod_label}) (${utilization_metric}"
+        + _SELECTOR
+        + ")",
+        framebuffer_query="sum by (${namespace_label}, ${pod_label}) (${framebuffer_metric}"
+        + _SELECTOR
+        + ")",
+        xid_query="max by (${namespace_label}, ${pod_label}) (${xid_metric}" + _SELECTOR + ")",
+    )
+
+
+def _hami_preset() -> MetricsPreset:
+    # HAMi's per-container vGPU monitor (device plugin, port 31992). HAMi exports no XID
+    # counter; the XID query reads dcgm-exporter, which HAMi deployments usually run alongside.
+    return MetricsPreset(
+        utilization_metric="Device_utilization_desc_of_container",
+        utilization_scale=1.0,
+        framebuffer_metric="vGPU_device_memory_usage_in_bytes",
+        framebuffer_unit_bytes=1,
+        xid_metric="DCGM_FI_DEV_XID_ERRORS",
+        namespace_label="podnamespace",
+        pod_label="podname",
+        utilization_query="max by (${namespace_label}, ${pod_label}) (${utilization_metric}"
+        + _SELECTOR
+        + ")",
+        framebuffer_query="sum by (${namespace_label}, ${pod_label}) (${framebuffer_metric}"
+        + _SELECTOR
+        + ")",
+        xid_query='max by (namespace, pod) (${xid_metric}{namespace=~"${namespaces}", pod=~"${pods}"})',
+    )
+
+
+class MetricsConfig(Model):
+    preset: Literal["dcgm", "hami"] = "dcgm"
+    dcgm: MetricsPreset = Field(default_factory=_dcgm_preset)
+    hami: MetricsPreset = Field(default_factory=_hami_preset)
+
+    @property
+    def active(self) -> MetricsPreset:
+        return self.dcgm if self.preset == "dcgm" else self.hami
+
+
+class PrometheusConfig(Model):
+    url: str = "http://prometheus-operated.monitoring.svc:9090"
+    timeout: Duration = Duration("10s")
+
+
+class S3Config(Model):
+    endpoint: str | None = Field(
+        None, description="S3-compatible endpoint for s3:// artifact URIs; None = AWS"
+    )
+    region: str | None = None
+
+
+class ReclaimSwitches(Model):
+    """Which reclaimable verdicts may act at all (the risk gate still applies)."""
+
+    model_config = ConfigDict(alias_generator=None)
+    FINISHED_IDLE: bool = True
+    ZOMBIE_CRASHED: bool = True
+
+    def allows(self, verdict: str) -> bool:
+        return bool(getattr(self, verdict, False))
+
+
+class ActionsConfig(Model):
+    reclaim: ReclaimSwitches = Field(default_factory=ReclaimSwitches)
+
+
+class AlertsConfig(Model):
+    """Idle-GPU alert: average utilization below X% and framebuffer below Y, for a while."""
+
+    utilization_below_percent: float = Field(10.0, gt=0, le=100)
+    framebuffer_below: Quantity = Quantity("500Mi")
+    for_: Duration = Field(Duration("1h"), alias="for")
+    smoothing: Duration = Field(Duration("10m"), description="averaging window inside the expression")
+    severity: str = "warning"
+    rule_labels: LabelMap = Field(
+        default_factory=dict, description="labels your Prometheus ruleSelector needs"
+    )
+
+
+class ServiceMonitorConfig(Model):
+    enabled: bool = True
+    interval: Duration = Duration("30s")
+    labels: LabelMap = Field(
+        default_factory=dict, description="labels your Prometheus serviceMonitorSelector needs"
+    )
+
+
+class ControllerConfig(Model):
+    """Everything `ghostgpu controller` needs; rendered into controller/configmap.yaml."""
+
+    namespace: Name = "ghostgpu-system"
+    service_account: Name = "ghostgpu-controller"
+    image: str = "ghcr.io/ghostgpu/ghostgpu:0.1.0"
+    replicas: int = Field(2, ge=1, le=10)
+    port: int = Field(8080, ge=1024, le=65535, description="serves /metrics, /healthz, /readyz")
+    lease_name: Name = "ghostgpu-controller"
+    mode: Literal["shadow", "enforce"] = "shadow"
+    poll_interval: Duration = Duration("60s")
+    window: int = Field(5, ge=1, le=1000, description="utilization samples K kept per workload")
+    long_window: int = Field(30, ge=1, le=10000, description="all-zero samples before IDLE_HELD")
+    zero_threshold: float = Field(0.0, ge=0, le=100, description="utilization percent counted as zero")
+    startup_grace: Duration = Duration("10m")
+    stale_after: Duration = Duration("3m")
+    required_signals: list[SignalName] = Field(
+        default_factory=lambda: ["utilization", "processes", "artifacts", "faults"], min_length=1
+    )
+    prometheus: PrometheusConfig = Field(default_factory=PrometheusConfig)
+    s3: S3Config = Field(default_factory=S3Config)
+    metrics: MetricsConfig = Field(default_factory=MetricsConfig)
+    actions: ActionsConfig = Field(default_factory=ActionsConfig)
+    alerts: AlertsConfig = Field(default_factory=AlertsConfig)
+    service_monitor: ServiceMonitorConfig = Field(default_factory=ServiceMonitorConfig)
+    # Placeholder for the risk-gate settings of `ghostgpu.autonomy` (issue 6 swaps in its model).
+    autonomy: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _windows(self) -> ControllerConfig:
+        if self.long_window < self.window:
+            raise ValueError(f"longWindow ({self.long_window}) must be at least window ({self.window})")
+        if len(set(self.required_signals)) != len(self.required_signals):
+            raise ValueError("requiredSignals lists a signal twice")
+        return self
+
+
+# --- the whole file --------------------------------------------------------------------------------
+
+
+class GhostgpuConfig(Model):
+    api_version: Literal["ghostgpu.io/v1alpha1"] = API_VERSION
+    kind: Literal["GhostgpuConfig"] = KIND
+    flavors: list[Flavor] = Field(min_length=1)
+    cohorts: list[Cohort] = Field(default_factory=list)
+    priority_classes: list[PriorityClass] = Field(default_factory=list)
+    teams: list[Team] = Field(min_length=1)
+    namespaces: list[StaticNamespace] = Field(default_factory=list)
+    kueue: KueueConfig = Field(default_factory=KueueConfig)
+    policies: PoliciesConfig = Field(default_factory=PoliciesConfig)
+    controller: ControllerConfig = Field(default_factory=ControllerConfig)
+
+    # Convenience lookups used by render and the controller.
+    def flavor(self, name: str) -> Flavor:
+        return next(f for f in self.flavors if f.name == name)
+
+    @property
+    def gpu_resources(self) -> list[str]:
+        """Every configured GPU resource name, sorted and unique."""
+        return sorted({f.resource for f in self.flavors})
+
+    def namespaces_of(self, team: str) -> list[StaticNamespace]:
+        return [ns for ns in self.namespaces if ns.team == team]
+
+
+# --- cross-reference checks ------------------------------------------------------------------------
+
+
+def semantic_issues(cfg: GhostgpuConfig) -> list[ConfigIssue]:
+    """Problems pydantic cannot see: references, duplicates and Kueue's own cross-field rules."""
+    return list(_semantic_issues(cfg))
+
+
+def _duplicates(path: str, names: Sequence[str]) -> Iterator[ConfigIssue]:
+    counts = Counter(names)
+    for index, name in enumerate(names):
+        if counts[name] > 1 and names.index(name) != index:
+            yield ConfigIssue(
+                f"{path}[{index}].name",
+                f"duplicate name {name!r} (first used at {path}[{names.index(name)}])",
+            )
+
+
+def _semantic_issues(cfg: GhostgpuConfig) -> Iterator[ConfigIssue]:
+    flavors = [f.name for f in cfg.flavors]
+    cohorts = [c.name for c in cfg.cohorts]
+    teams = [t.name for t in cfg.teams]
+    yield from _duplicates("flavors", flavors)
+    yield from _duplicates("cohorts", cohorts)
+    yield from _duplicates("teams", teams)
+    yield from _duplicates("priorityClasses", [p.name for p in cfg.priority_classes])
+    yield from _duplicates("namespaces", [n.name for n in cfg.namespaces])
+    if teams and set(teams) & set(cohorts):
+        # Kueue keeps ClusterQueues and Cohorts in one tree; a shared name is ambiguous.
+        for i, team in enumerate(cfg.teams):
+            if team.name in cohorts:
+                yield ConfigIssue(
+                    f"teams[{i}].name",
+                    f"{team.name!r} is also a cohort name; ClusterQueue and Cohort names must differ",
+                )
+
+    fair_sharing = cfg.kueue.fair_sharing.enabled
+    for i, team in enumerate(cfg.teams):
+        base = f"teams[{i}]"
+        if team.cohort is not None and team.cohort not in cohorts:
+            yield ConfigIssue(
+                f"{base}.cohort", f"undefined cohort {team.cohort!r}; defined cohorts: {_list(cohorts)}"
+            )
+        for flavor_name, quota in team.quota.items():
+            path = format_path(["teams", i, "quota", flavor_name])
+            if flavor_name not in flavors:
+                yield ConfigIssue(
+                    path, f"undefined flavor {flavor_name!r}; defined flavors: {_list(flavors)}"
+                )
+                continue
+            if not quota.nominal_quota.is_whole:
+                yield ConfigIssue(
+                    f"{path}.nominalQuota", f"expected a whole number of devices, got {quota.nominal_quota!r}"
+                )
+            for key, limit in (
+                ("borrowingLimit", quota.borrowing_limit),
+                ("lendingLimit", quota.lending_limit),
+            ):
+                if limit is None:
+                    continue
+                if team.cohort is None:
+                    yield ConfigIssue(
+                        f"{path}.{key}", f"{key} needs the team to be in a cohort (set {base}.cohort)"
+                    )
+                elif not limit.is_whole:
+                    yield ConfigIssue(f"{path}.{key}", f"expected a whole number of devices, got {limit!r}")
+            if quota.lending_limit is not None and quota.lending_limit.value > quota.nominal_quota.value:
+                yield ConfigIssue(
+                    f"{path}.lendingLimit",
+                    f"lendingLimit ({quota.lending_limit}) cannot exceed nominalQuota "
+                    f"({quota.nominal_quota})",
+                )
+        for flavor_name, count in (team.namespace_quota or {}).items():
+            path = format_path(["teams", i, "namespaceQuota", flavor_name])
+            if flavor_name not in flavors:
+                yield ConfigIssue(
+                    path, f"undefined flavor {flavor_name!r}; defined flavors: {_list(flavors)}"
+                )
+            elif not count.is_whole:
+                yield ConfigIssue(path, f"expected a whole number of devices, got {count!r}")
+        preemption = team.preemption
+        borrow = preemption.borrow_within_cohort.policy
+        if borrow != "Never":
+            if preemption.reclaim_within_cohort == "Never":
+                yield ConfigIssue(
+                    f"{base}.preemption.borrowWithinCohort.policy",
+                    "borrowWithinCohort needs reclaimWithinCohort other than Never "
+                    "(Kueue rejects this combination)",
+                )
+            if fair_sharing:
+                yield ConfigIssue(
+                    f"{base}.preemption.borrowWithinCohort.policy",
+                    "borrowWithinCohort works only with classical preemption; set it to Never or "
+                    "disable kueue.fairSharing",
+                )
+            if team.cohort is None:
+                yield ConfigIssue(
+                    f"{base}.preemption.borrowWithinCohort.policy", "borrowWithinCohort needs a cohort"
+                )
+    for i, ns in enumerate(cfg.namespaces):
+        if ns.team not in teams:
+            yield ConfigIssue(
+                f"namespaces[{i}].team", f"undefined team {ns.team!r}; defined teams: {_list(teams)}"
+            )
+
+
+def _list(names: Sequence[str]) -> str:
+    return ", ".join(dict.fromkeys(names)) if names else "(none)"
+
+
+# --- loading -------------------------------------------------------------------------------------
+
+
+def load_config_text(text: str, source: str = "ghostgpu.yaml") -> GhostgpuConfig:
+    """Parse and validate config text; raise ConfigError listing every problem."""
+    parsed = parse_yaml(text, source)
+    if not isinstance(parsed.data, dict):
+        raise ConfigError(
+            source,
+            [ConfigIssue("", "expected a mapping at the top level (apiVersion, flavors, teams, ...)", 1)],
+        )
+    try:
+        cfg = GhostgpuConfig.model_validate(parsed.data)
+    except ValidationError as exc:
+        raise ConfigError(source, issues_from_validation(exc, GhostgpuConfig, parsed)) from None
+    issues = semantic_issues(cfg)
+    if issues:
+        located = [ConfigIssue(i.path, i.message, parsed.line_of(_split_path(i.path))) for i in issues]
+        raise ConfigError(source, located)
+    return cfg
+
+
+def load_config(path: str | Path) -> GhostgpuConfig:
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(str(path), [ConfigIssue("", f"cannot read file: {exc.strerror or exc}")]) from None
+    return load_config_text(text, str(path))
+
+
+def load_default_config() -> GhostgpuConfig:
+    """The embedded examples/ghostgpu.yaml."""
+    from ghostgpu.resources import example_config_path
+
+    return load_config(example_config_path())
+
+
+def load_controller_config(path: str | Path) -> ControllerConfig:
+    """Load the controller section on its own (the ConfigMap's ghostgpu-controller.yaml)."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(str(path), [ConfigIssue("", f"cannot read file: {exc.strerror or exc}")]) from None
+    parsed = parse_yaml(text, str(path))
+    try:
+        return ControllerConfig.model_validate(parsed.data or {})
+    except ValidationError as exc:
+        raise ConfigError(str(path), issues_from_validation(exc, ControllerConfig, parsed)) from None
+
+
+def _split_path(path: str) -> list[str | int]:
+    """Inverse of format_path, enough to look up line numbers."""
+    parts: list[str | int] = []
+    for token in re.findall(r'\["([^"]+)"\]|\[(\d+)\]|([^.\[\]]+)', path):
+        quoted, index, plain = token
+        parts.append(int(index) if index else (quoted or plain))
+    return parts
