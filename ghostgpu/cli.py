@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import typer
 
 from ghostgpu import __version__
@@ -32,6 +34,78 @@ def main(
 # --- render (issue 2) ---
 
 # --- bench (issue 3) ---
+
+# A group so that `bench scale` (issue 7) can join; plain `ghostgpu bench` runs the detectors.
+bench_app = typer.Typer(
+    help="Reproduce the published ghost-occupancy benchmark through the verdict function.",
+    invoke_without_command=True,
+)
+app.add_typer(bench_app, name="bench")
+
+_SEEDS = typer.Option(5, "--seeds", min=1, help="Number of seeds (instances are per seed).")
+_FIRST_SEED = typer.Option(0, "--first-seed", min=0, help="First seed; seeds are consecutive.")
+_INSTANCES = typer.Option(2000, "--instances", min=1, help="Synthetic workloads per seed.")
+_WINDOW = typer.Option(5, "--window", min=1, max=100, help="Utilization window K (samples).")
+_FAULT_RATE = typer.Option(
+    0.0, "--fault-rate", min=0.0, max=1.0, help="Inject failed readings at this rate; report false reclaims."
+)
+_JSON = typer.Option(False, "--json", help="Print the full result as JSON.")
+_MARKDOWN = typer.Option(False, "--markdown", help="Print Markdown tables (the README's).")
+_PLOT = typer.Option(None, "--plot", help="Write the FPR-vs-window plot to this PNG.")
+
+
+def _bench_detectors(
+    seeds: int,
+    first_seed: int,
+    instances: int,
+    window: int,
+    fault_rate: float,
+    as_json: bool,
+    as_markdown: bool,
+    plot: Path | None,
+) -> None:
+    from ghostgpu.sim.command import run_detector_command
+    from ghostgpu.sim.runner import BenchConfig
+
+    if as_json and as_markdown:
+        raise typer.BadParameter("choose one of --json and --markdown")
+    config = BenchConfig(
+        seeds=seeds, first_seed=first_seed, instances=instances, window=window, fault_rate=fault_rate
+    )
+    run_detector_command(config, as_json=as_json, as_markdown=as_markdown, plot=plot)
+
+
+@bench_app.callback()
+def bench(
+    ctx: typer.Context,
+    seeds: int = _SEEDS,
+    first_seed: int = _FIRST_SEED,
+    instances: int = _INSTANCES,
+    window: int = _WINDOW,
+    fault_rate: float = _FAULT_RATE,
+    as_json: bool = _JSON,
+    as_markdown: bool = _MARKDOWN,
+    plot: Path | None = _PLOT,
+) -> None:
+    """Run the detector benchmark (the same as `ghostgpu bench detectors`)."""
+    if ctx.invoked_subcommand is None:
+        _bench_detectors(seeds, first_seed, instances, window, fault_rate, as_json, as_markdown, plot)
+
+
+@bench_app.command("detectors")
+def bench_detectors(
+    seeds: int = _SEEDS,
+    first_seed: int = _FIRST_SEED,
+    instances: int = _INSTANCES,
+    window: int = _WINDOW,
+    fault_rate: float = _FAULT_RATE,
+    as_json: bool = _JSON,
+    as_markdown: bool = _MARKDOWN,
+    plot: Path | None = _PLOT,
+) -> None:
+    """Detector table: TP/FP/TN/FN, FPR, recall, precision, accuracy beside the published figures."""
+    _bench_detectors(seeds, first_seed, instances, window, fault_rate, as_json, as_markdown, plot)
+
 
 # --- calibrate (issue 6) ---
 
