@@ -29,6 +29,7 @@ from enum import StrEnum
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic.alias_generators import to_camel
 
 _ROUND = 6  # decimals kept in scores and thresholds (see module docstring)
 
@@ -38,7 +39,8 @@ PosFloat = Annotated[float, Field(gt=0.0, allow_inf_nan=False)]
 
 
 class _Model(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    # camelCase keys in ghostgpu.yaml like the rest of the file (tauByType); snake_case in Python.
+    model_config = ConfigDict(frozen=True, extra="forbid", alias_generator=to_camel, populate_by_name=True)
 
 
 def normalise_type(name: str) -> str:
@@ -204,16 +206,16 @@ class CalibrationSettings(_Model):
     """Inputs of `ghostgpu calibrate` (published values as defaults)."""
 
     ceiling: UnitFloat = 0.02  # max catastrophic-autonomy rate (dangerous handled alone / dangerous)
-    autonomous_latency_s: PosFloat = 40.0  # time to repair when the controller acts alone
-    escalation_latency_s: PosFloat = 1200.0  # time to repair when a person is paged
+    autonomous_latency_seconds: PosFloat = 40.0  # time to repair when the controller acts alone
+    escalation_latency_seconds: PosFloat = 1200.0  # time to repair when a person is paged
     tau_step: PosFloat = 0.025
     tau_max: PosFloat = 1.0  # the grid is extended past the largest score if needed
 
     @model_validator(mode="after")
     def _latencies(self) -> CalibrationSettings:
-        if self.autonomous_latency_s > self.escalation_latency_s:
+        if self.autonomous_latency_seconds > self.escalation_latency_seconds:
             raise ValueError(
-                "autonomy.calibration: autonomous_latency_s must not exceed escalation_latency_s"
+                "autonomy.calibration: autonomous_latency_seconds must not exceed escalation_latency_seconds"
             )
         return self
 
@@ -222,7 +224,7 @@ class EscalationSettings(_Model):
     """Where escalations go besides the Event and the `ghostgpu.io/escalated` annotation."""
 
     webhook_url: str | None = None  # Alertmanager v2 base URL or full /api/v2/alerts URL; None = off
-    timeout_s: PosFloat = 5.0
+    timeout_seconds: PosFloat = 5.0
     extra_labels: dict[str, str] = Field(default_factory=dict)  # e.g. {"cluster": "prod-a"}
 
 
@@ -545,8 +547,10 @@ def _point(tau: float, events: Sequence[ScoredIncident], s: CalibrationSettings)
 def _mttr_reduction(autonomous: int, events: int, s: CalibrationSettings) -> float:
     if events == 0:
         return 0.0
-    mean = (autonomous * s.autonomous_latency_s + (events - autonomous) * s.escalation_latency_s) / events
-    return 1.0 - mean / s.escalation_latency_s
+    mean = (
+        autonomous * s.autonomous_latency_seconds + (events - autonomous) * s.escalation_latency_seconds
+    ) / events
+    return 1.0 - mean / s.escalation_latency_seconds
 
 
 def _within(d_alone: int, dangerous: int, ceiling: float) -> bool:

@@ -24,6 +24,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic.alias_generators import to_camel
 
+from ghostgpu.autonomy import AutonomyConfig
 from ghostgpu.config_errors import ConfigError, ConfigIssue, format_path, issues_from_validation, parse_yaml
 from ghostgpu.quantity import Duration, Quantity
 
@@ -441,8 +442,8 @@ class ControllerConfig(Model):
     actions: ActionsConfig = Field(default_factory=ActionsConfig)
     alerts: AlertsConfig = Field(default_factory=AlertsConfig)
     service_monitor: ServiceMonitorConfig = Field(default_factory=ServiceMonitorConfig)
-    # Placeholder for the risk-gate settings of `ghostgpu.autonomy` (issue 6 swaps in its model).
-    autonomy: dict[str, Any] = Field(default_factory=dict)
+    # The risk gate (ghostgpu.autonomy): thresholds from `ghostgpu calibrate`, weights, action table.
+    autonomy: AutonomyConfig = Field(default_factory=AutonomyConfig)
 
     @model_validator(mode="after")
     def _windows(self) -> ControllerConfig:

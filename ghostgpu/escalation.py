@@ -138,9 +138,9 @@ async def send_escalation(
             decision, facts, now=now or datetime.now(UTC), extra_labels=settings.extra_labels
         )
         if client is not None:
-            response = await client.post(url, json=payload, timeout=settings.timeout_s)
+            response = await client.post(url, json=payload, timeout=settings.timeout_seconds)
         else:
-            async with httpx.AsyncClient(timeout=settings.timeout_s) as own:
+            async with httpx.AsyncClient(timeout=settings.timeout_seconds) as own:
                 response = await own.post(url, json=payload)
         return _result(url, response)
     except Exception as exc:  # the contract: never raises; asyncio.CancelledError still does
@@ -163,7 +163,7 @@ def send_escalation_sync(
         payload = build_alerts(
             decision, facts, now=now or datetime.now(UTC), extra_labels=settings.extra_labels
         )
-        with httpx.Client(timeout=settings.timeout_s) as client:
+        with httpx.Client(timeout=settings.timeout_seconds) as client:
             return _result(url, client.post(url, json=payload))
     except Exception as exc:  # the contract: never raises
         return _failure(url, exc)

@@ -67,7 +67,7 @@ def test_hand_set_ceiling_half() -> None:
 
 
 def test_latencies_are_configurable() -> None:
-    s = CalibrationSettings(ceiling=0.0, autonomous_latency_s=60, escalation_latency_s=600)
+    s = CalibrationSettings(ceiling=0.0, autonomous_latency_seconds=60, escalation_latency_seconds=600)
     g = calibrate(HAND, s).global_threshold
     assert g.mttr_reduction == pytest.approx(mttr(3, 8, 60, 600))
 

@@ -125,7 +125,7 @@ async def test_http_500_is_a_failure_result_not_an_exception(receiver: Receiver)
 @pytest.mark.timeout(20)
 async def test_timeout_is_a_failure_result_not_an_exception(receiver: Receiver) -> None:
     receiver.delay_s = 2.0
-    settings = EscalationSettings(webhook_url=receiver.url, timeout_s=0.3)
+    settings = EscalationSettings(webhook_url=receiver.url, timeout_seconds=0.3)
     started = time.monotonic()
     result = await send_escalation(_escalated_decision(), FACTS, settings, now=NOW)
     assert not result.ok and result.status_code is None
@@ -140,7 +140,7 @@ async def test_unreachable_receiver_and_bad_url_do_not_raise() -> None:
     refused = await send_escalation(
         _escalated_decision(),
         FACTS,
-        EscalationSettings(webhook_url="http://127.0.0.1:9", timeout_s=1),
+        EscalationSettings(webhook_url="http://127.0.0.1:9", timeout_seconds=1),
         now=NOW,
     )
     assert not refused.ok and refused.error
