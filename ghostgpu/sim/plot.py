@@ -25,13 +25,13 @@ def plot_window_sweep(result: BenchResult, path: Path) -> Path:
         [100 * model.expected_window_fpr(k) for k in fine],
         color="0.55",
         lw=1.2,
-        label=f"closed form {model.gap_prob:g}*(1-{model.gap_nonzero_prob:g})^k",
+        label=f"closed form ${model.gap_prob:g} \\cdot {1 - model.gap_nonzero_prob:g}^k$",
     )
     ax_fpr.plot(
         ks, [100 * p.window_util_fpr for p in pts], "o", color="C3", label="utilization only (measured)"
     )
     ax_fpr.plot(ks, [100 * p.paper_fpr for p in pts], "s--", color="C0", ms=5, label="paper multi-signal")
-    ax_fpr.plot(ks, [100 * p.ghostgpu_fpr for p in pts], "^:", color="C2", ms=5, label="ghostgpu")
+    ax_fpr.plot(ks, [100 * p.ghostgpu_fpr for p in pts], "^:", color="C2", ms=5, label="ghostgpu (both 0)")
     published = [(1, PUBLISHED["single-util"].fpr), (PUBLISHED_WINDOW, PUBLISHED["window-util"].fpr)]
     ax_fpr.plot(
         [k for k, _ in published],

@@ -39,7 +39,7 @@ def headline(result: BenchResult) -> str:
     seeds = c.seed_list
     return (
         f"{c.total_instances:,} instances = {c.seeds} seeds x {c.instances:,} "
-        f"(seeds {seeds[0]}-{seeds[-1]}), window {c.window}, fault rate {c.fault_rate:g}"
+        f"(seeds {seeds[0]}-{seeds[-1]}), window {c.window}"
     )
 
 
