@@ -110,5 +110,8 @@ def bench_detectors(
 # --- calibrate (issue 6) ---
 
 # --- devcluster (issue 4) ---
+from ghostgpu.devcluster.cli import app as _devcluster_app  # noqa: E402 (typer + stdlib at import)
+
+app.add_typer(_devcluster_app, name="devcluster")
 
 # --- controller, status, report, restore (issue 5) ---

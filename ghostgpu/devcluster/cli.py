@@ -1,0 +1,78 @@
+"""`ghostgpu devcluster up|down|status`."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import typer
+
+app = typer.Typer(help="A local GPU test cluster: real control plane, kwok GPU nodes, Kueue, Kyverno.")
+
+_STATE = typer.Option(None, "--state-dir", help="State directory (default ~/.cache/ghostgpu/cluster).")
+
+
+def docker_available() -> tuple[bool, str]:
+    """Whether a Docker engine answers (then a kind provider could be used instead)."""
+    if shutil.which("docker") is None:
+        return False, "no `docker` client on PATH"
+    r = subprocess.run(["docker", "info"], capture_output=True, text=True, timeout=20, check=False)
+    return (r.returncode == 0, "docker info answered" if r.returncode == 0 else "docker info failed")
+
+
+@app.command()
+def up(
+    state_dir: Path | None = _STATE,
+    provider: str = typer.Option("local", help="local (binaries from hack/testbin) or kind."),
+    no_kueue: bool = typer.Option(False, "--no-kueue", help="Skip the Kueue manager and CRDs."),
+    no_kyverno: bool = typer.Option(False, "--no-kyverno", help="Skip the Kyverno controllers and CRDs."),
+    no_prometheus: bool = typer.Option(False, "--no-prometheus", help="Skip Prometheus and fake dcgm."),
+) -> None:
+    """Start the cluster (reuses a running one) and print its kubeconfig path."""
+    from ghostgpu.devcluster.cluster import ALL_ADDONS, DevCluster, status_lines
+
+    if provider == "kind":
+        ok, why = docker_available()
+        if not ok:
+            typer.echo(f"kind provider skipped: {why}; use --provider local", err=True)
+            raise typer.Exit(2)
+        typer.echo("kind provider: not implemented in this version; use --provider local", err=True)
+        raise typer.Exit(2)
+    if provider != "local":
+        typer.echo(f"unknown provider {provider!r}; expected local or kind", err=True)
+        raise typer.Exit(2)
+    skip = {"kueue": no_kueue, "kyverno": no_kyverno, "prometheus": no_prometheus}
+    addons = tuple(a for a in ALL_ADDONS if not skip[a])
+    t0 = time.monotonic()
+    try:
+        cluster = DevCluster.up(state_dir, addons=addons)
+    except (FileNotFoundError, RuntimeError, TimeoutError) as e:
+        typer.echo(f"devcluster up failed: {e}", err=True)
+        raise typer.Exit(1) from e
+    for line in status_lines(cluster.state):
+        typer.echo(line)
+    typer.echo(f"ready in {time.monotonic() - t0:.1f}s; export KUBECONFIG={cluster.state.kubeconfig}")
+
+
+@app.command()
+def down(state_dir: Path | None = _STATE) -> None:
+    """Stop every process of the cluster and free its ports."""
+    from ghostgpu.devcluster.cluster import down as _down
+
+    stopped = _down(state_dir)
+    typer.echo(f"stopped: {', '.join(stopped) if stopped else 'nothing was running'}")
+
+
+@app.command()
+def status(state_dir: Path | None = _STATE) -> None:
+    """Tell what runs; exit 1 unless every process of the cluster is up."""
+    from ghostgpu.devcluster.cluster import status as _status
+    from ghostgpu.devcluster.cluster import status_lines
+
+    state = _status(state_dir)
+    for line in status_lines(state):
+        typer.echo(line)
+    if state is None or not all(state.running().values()):
+        raise typer.Exit(1)

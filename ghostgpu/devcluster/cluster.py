@@ -1,0 +1,629 @@
+"""`ghostgpu devcluster up|down|status`: a real control plane (etcd, kube-apiserver,
+kube-controller-manager, kube-scheduler) with kwok GPU nodes, Kueue and Kyverno running out of
+cluster, a fake dcgm-exporter and Prometheus. Everything listens on 127.0.0.1 only, on ports picked
+at start-up, and is recorded in <state>/state.json so `down` can stop exactly what `up` started."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import ssl
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+import yaml
+from kubernetes import client
+from pydantic import BaseModel, Field
+
+from ghostgpu.devcluster import components, procs
+from ghostgpu.devcluster.certs import CertAuthority, service_account_keys
+from ghostgpu.devcluster.fake_dcgm import FakeDcgmClient
+from ghostgpu.devcluster.kube import Kube, load_yaml_docs
+from ghostgpu.devcluster.kwok_exec import ProcessTables, install_shims
+from ghostgpu.devcluster.nodes import (
+    KWOK_NODE_ANNOTATION,
+    KWOK_NODE_ANNOTATION_VALUE,
+    GpuNodeSpec,
+    default_nodes,
+    node_manifest,
+)
+from ghostgpu.devcluster.paths import Toolchain, cache_root
+
+ALL_ADDONS = ("kueue", "kyverno", "prometheus")
+
+
+def default_state_dir() -> Path:
+    return cache_root() / "cluster"
+
+
+class ClusterState(BaseModel):
+    """What `up` started; written to <state_dir>/state.json."""
+
+    state_dir: str
+    kubeconfig: str
+    server: str
+    ports: dict[str, int]
+    processes: list[procs.ProcessRecord] = Field(default_factory=list)
+    addons: list[str] = Field(default_factory=list)
+    nodes: list[str] = Field(default_factory=list)
+    startup_seconds: dict[str, float] = Field(default_factory=dict)
+
+    @property
+    def prometheus_url(self) -> str:
+        return f"http://127.0.0.1:{self.ports['prometheus']}"
+
+    @property
+    def dcgm_url(self) -> str:
+        return f"http://127.0.0.1:{self.ports['dcgm']}"
+
+    def running(self) -> dict[str, bool]:
+        return {p.name: procs.alive(p) for p in self.processes}
+
+
+class DevCluster:
+    """Python API behind the CLI and the pytest fixtures.
+
+    >>> c = DevCluster.up()                     # or DevCluster.attach() for a running one
+    >>> c.state.kubeconfig                      # admin kubeconfig (system:masters)
+    >>> c.process_tables.set("ns", "pod", [ProcessRow(pid=1, stat="Ss", comm="python")])
+    >>> c.dcgm.set("ns", "pod", util=0, fb_used_mib=1024)
+    >>> c.state.prometheus_url                  # the real Prometheus scraping the fake exporter
+    >>> c.down()
+    """
+
+    def __init__(self, state: ClusterState) -> None:
+        self.state = state
+        self.state_dir = Path(state.state_dir)
+        self._kube: Kube | None = None
+
+    # ----- public API -----
+    @property
+    def kubeconfig(self) -> Path:
+        return Path(self.state.kubeconfig)
+
+    @property
+    def kube(self) -> Kube:
+        if self._kube is None:
+            self._kube = Kube(self.kubeconfig)
+        return self._kube
+
+    @property
+    def process_tables(self) -> ProcessTables:
+        return ProcessTables(self.kube, self.state_dir / "proctables")
+
+    @property
+    def dcgm(self) -> FakeDcgmClient:
+        return FakeDcgmClient(self.state.dcgm_url)
+
+    @classmethod
+    def attach(cls, state_dir: Path | None = None) -> DevCluster | None:
+        """The cluster recorded in state_dir if every one of its processes still runs."""
+        f = (state_dir or default_state_dir()) / "state.json"
+        if not f.exists():
+            return None
+        state = ClusterState.model_validate_json(f.read_text())
+        if state.processes and all(state.running().values()):
+            return cls(state)
+        return None
+
+    @classmethod
+    def up(
+        cls,
+        state_dir: Path | None = None,
+        nodes: list[GpuNodeSpec] | None = None,
+        addons: tuple[str, ...] = ALL_ADDONS,
+        log: Callable[[str], None] = lambda m: print(m, file=sys.stderr),
+    ) -> DevCluster:
+        state_dir = state_dir or default_state_dir()
+        existing = cls.attach(state_dir)
+        if existing is not None:
+            log(f"devcluster already running (state {state_dir}); reusing it")
+            return existing
+        unknown = set(addons) - set(ALL_ADDONS)
+        if unknown:
+            raise ValueError(f"unknown addon(s) {sorted(unknown)}; expected some of {list(ALL_ADDONS)}")
+        tools = Toolchain.locate()
+        needed = ["etcd", "kube_apiserver", "kube_controller_manager", "kube_scheduler", "kwok"]
+        needed += ["kueue"] if "kueue" in addons else []
+        needed += ["kyverno_admission", "kyverno_background"] if "kyverno" in addons else []
+        needed += ["prometheus"] if "prometheus" in addons else []
+        missing = tools.missing(*needed)
+        if missing:
+            raise FileNotFoundError("devcluster binaries missing (run hack/testbin): " + ", ".join(missing))
+        cls._stop_recorded(state_dir)  # a half-dead previous cluster: clear it first
+        if state_dir.exists():
+            shutil.rmtree(state_dir)
+        starter = _Starter(state_dir, tools, nodes or default_nodes(), tuple(addons), log)
+        try:
+            state = starter.run()
+        except BaseException:
+            starter.stop_all()
+            raise
+        return cls(state)
+
+    def down(self) -> None:
+        DevCluster._stop_recorded(self.state_dir)
+
+    @staticmethod
+    def _stop_recorded(state_dir: Path) -> list[str]:
+        f = state_dir / "state.json"
+        if not f.exists():
+            return []
+        state = ClusterState.model_validate_json(f.read_text())
+        stopped = []
+        for p in reversed(state.processes):  # dependents first, etcd last
+            if procs.alive(p):
+                procs.stop(p)
+                stopped.append(p.name)
+        busy = [f"{n}:{port}" for n, port in state.ports.items() if procs.port_open(port)]
+        if busy:
+            raise RuntimeError(f"ports still in use after stopping the devcluster: {', '.join(busy)}")
+        return stopped
+
+
+def down(state_dir: Path | None = None) -> list[str]:
+    """Stop every process recorded in state_dir; returns their names. Safe when nothing runs."""
+    return DevCluster._stop_recorded(state_dir or default_state_dir())
+
+
+def status(state_dir: Path | None = None) -> ClusterState | None:
+    f = (state_dir or default_state_dir()) / "state.json"
+    return ClusterState.model_validate_json(f.read_text()) if f.exists() else None
+
+
+class _Starter:
+    def __init__(
+        self,
+        state_dir: Path,
+        tools: Toolchain,
+        nodes: list[GpuNodeSpec],
+        addons: tuple[str, ...],
+        log: Callable[[str], None],
+    ) -> None:
+        self.dir = state_dir
+        self.tools = tools
+        self.nodes = nodes
+        self.addons = addons
+        self.log = log
+        self.logs = state_dir / "logs"
+        self.logs.mkdir(parents=True)
+        self.pki = CertAuthority(state_dir / "pki")
+        names = ["etcd", "etcd_peer", "apiserver", "kcm", "scheduler", "kwok", "kueue_webhook"]
+        names += ["kueue_health", "kueue_metrics", "kyverno_webhook", "kyverno_metrics", "kyverno_bg_metrics"]
+        names += ["dcgm", "prometheus"]
+        self.ports = {n: procs.free_port() for n in names}
+        self.kubeconfig = state_dir / "kubeconfig"
+        self.state = ClusterState(
+            state_dir=str(state_dir),
+            kubeconfig=str(self.kubeconfig),
+            server=f"https://127.0.0.1:{self.ports['apiserver']}",
+            ports=self.ports,
+            addons=list(addons),
+            nodes=[n.name for n in nodes],
+        )
+        self.t0 = time.monotonic()
+
+    # ----- bookkeeping -----
+    def _save(self) -> None:
+        (self.dir / "state.json").write_text(self.state.model_dump_json(indent=2))
+
+    def _start(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> procs.ProcessRecord:
+        rec = procs.start(name, argv, self.logs, env=env, cwd=self.dir)
+        self.state.processes.append(rec)
+        self._save()
+        return rec
+
+    def _mark(self, what: str) -> None:
+        t = round(time.monotonic() - self.t0, 1)
+        self.state.startup_seconds[what] = t
+        self._save()
+        self.log(f"[devcluster {t:6.1f}s] {what} ready")
+
+    def stop_all(self) -> None:
+        for p in reversed(self.state.processes):
+            procs.stop(p)
+
+    def _https_ok(self, port: int, path: str, client_cert: bool = True) -> bool:
+        ctx = ssl.create_default_context(cafile=str(self.pki.cert_path))
+        if client_cert:
+            ctx.load_cert_chain(str(self.pki.dir / "admin.crt"), str(self.pki.dir / "admin.key"))
+        r = httpx.get(f"https://127.0.0.1:{port}{path}", verify=ctx, timeout=2)
+        return r.status_code == 200
+
+    def _insecure_ok(self, url: str) -> bool:
+        return httpx.get(url, verify=False, timeout=2).status_code == 200
+
+    # ----- the sequence -----
+    def run(self) -> ClusterState:
+        self._save()
+        self._certs()
+        self._etcd()
+        self._apiserver()
+        self.kube = Kube(self.kubeconfig)
+        self._crds_and_bootstrap()
+        self._controllers()
+        self._kwok()
+        if "kueue" in self.addons:
+            self._kueue()
+        if "kyverno" in self.addons:
+            self._kyverno()
+        if "prometheus" in self.addons:
+            self._prometheus()
+        self._nodes()
+        self._wait_addons()
+        self._mark("cluster")
+        return self.state
+
+    def _certs(self) -> None:
+        self.pki.issue(
+            "apiserver",
+            "kube-apiserver",
+            server=True,
+            dns=("localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc"),
+            ips=("127.0.0.1", "10.96.0.1"),
+        )
+        self.pki.issue("admin", "ghostgpu-admin", org="system:masters", client=True)
+        self.pki.issue("kubelet-client", "kube-apiserver-kubelet-client", org="system:masters", client=True)
+        self.pki.issue("kwok", "kwok", server=True, dns=("localhost",), ips=("127.0.0.1",))
+        kueue_dir = self.dir / "kueue-certs"
+        kueue_dir.mkdir()
+        pair = self.pki.issue(
+            "kueue-webhook", "kueue-webhook", server=True, dns=("localhost",), ips=("127.0.0.1",)
+        )
+        shutil.copy(pair.cert, kueue_dir / "tls.crt")
+        shutil.copy(pair.key, kueue_dir / "tls.key")
+        service_account_keys(self.pki.dir)
+        self.kubeconfig.write_text(
+            yaml.safe_dump(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Config",
+                    "clusters": [
+                        {
+                            "name": "ghostgpu-devcluster",
+                            "cluster": {
+                                "server": self.state.server,
+                                "certificate-authority": str(self.pki.cert_path),
+                            },
+                        }
+                    ],
+                    "users": [
+                        {
+                            "name": "ghostgpu-admin",
+                            "user": {
+                                "client-certificate": str(self.pki.dir / "admin.crt"),
+                                "client-key": str(self.pki.dir / "admin.key"),
+                            },
+                        }
+                    ],
+                    "contexts": [
+                        {
+                            "name": "ghostgpu-devcluster",
+                            "context": {"cluster": "ghostgpu-devcluster", "user": "ghostgpu-admin"},
+                        }
+                    ],
+                    "current-context": "ghostgpu-devcluster",
+                },
+                sort_keys=False,
+            )
+        )
+
+    def _etcd(self) -> None:
+        p, peer = self.ports["etcd"], self.ports["etcd_peer"]
+        rec = self._start(
+            "etcd",
+            [
+                str(self.tools.etcd),
+                "--name=devcluster",
+                f"--data-dir={self.dir / 'etcd'}",
+                f"--listen-client-urls=http://127.0.0.1:{p}",
+                f"--advertise-client-urls=http://127.0.0.1:{p}",
+                f"--listen-peer-urls=http://127.0.0.1:{peer}",
+                f"--initial-advertise-peer-urls=http://127.0.0.1:{peer}",
+                f"--initial-cluster=devcluster=http://127.0.0.1:{peer}",
+                "--unsafe-no-fsync=true",  # a throw-away test store: durability costs start-up time
+                "--log-level=warn",
+            ],
+        )
+        procs.wait_for(
+            "etcd /health",
+            lambda: httpx.get(f"http://127.0.0.1:{p}/health", timeout=2).json().get("health") == "true",
+            60,
+            rec,
+        )
+        self._mark("etcd")
+
+    def _apiserver(self) -> None:
+        pki = self.pki.dir
+        port = self.ports["apiserver"]
+        rec = self._start(
+            "kube-apiserver",
+            [
+                str(self.tools.kube_apiserver),
+                f"--etcd-servers=http://127.0.0.1:{self.ports['etcd']}",
+                "--bind-address=127.0.0.1",
+                "--advertise-address=127.0.0.1",
+                f"--secure-port={port}",
+                f"--cert-dir={pki}",
+                f"--tls-cert-file={pki / 'apiserver.crt'}",
+                f"--tls-private-key-file={pki / 'apiserver.key'}",
+                f"--client-ca-file={self.pki.cert_path}",
+                "--authorization-mode=RBAC",
+                "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+                f"--service-account-key-file={pki / 'sa.pub'}",
+                f"--service-account-signing-key-file={pki / 'sa.key'}",
+                "--service-cluster-ip-range=10.96.0.0/16",
+                # Exec to kwok pods goes apiserver -> kwok's kubelet endpoint with this identity.
+                f"--kubelet-client-certificate={pki / 'kubelet-client.crt'}",
+                f"--kubelet-client-key={pki / 'kubelet-client.key'}",
+                "--allow-privileged=true",
+                "--profiling=false",
+                "--v=1",
+            ],
+        )
+        procs.wait_for("kube-apiserver /readyz", lambda: self._https_ok(port, "/readyz"), 120, rec)
+        self._mark("kube-apiserver")
+
+    def _crds_and_bootstrap(self) -> None:
+        crds = load_yaml_docs(sorted(self.tools.kwok_crd_dir.glob("*.yaml")))
+        ca = self.pki.pem
+        if "kueue" in self.addons:
+            crds += components.kueue_crds(
+                self.tools.kueue_crd_dir, self.tools.kueue_webhook_dir, self.ports["kueue_webhook"], ca
+            )
+        if "kyverno" in self.addons:
+            crds += load_yaml_docs(sorted(self.tools.kyverno_crd_dir.rglob("*.yaml")))
+        crds = [c for c in crds if c.get("kind") == "CustomResourceDefinition"]
+        self.kube.apply_all(crds)
+        self.kube.wait_crds_established([c["metadata"]["name"] for c in crds])
+        if "kueue" in self.addons:
+            self.kube.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "kueue-system"}})
+        if "kyverno" in self.addons:
+            self.kube.apply_all(components.kyverno_bootstrap())
+        self._mark(f"{len(crds)} CRDs")
+
+    def _controllers(self) -> None:
+        kc = str(self.kubeconfig)
+        pki = self.pki.dir
+        self._kcm = self._start(
+            "kube-controller-manager",
+            [
+                str(self.tools.kube_controller_manager),
+                f"--kubeconfig={kc}",
+                f"--authentication-kubeconfig={kc}",
+                f"--authorization-kubeconfig={kc}",
+                "--bind-address=127.0.0.1",
+                f"--secure-port={self.ports['kcm']}",
+                "--leader-elect=false",
+                f"--service-account-private-key-file={pki / 'sa.key'}",
+                f"--root-ca-file={self.pki.cert_path}",
+                "--use-service-account-credentials=false",
+                "--v=1",
+            ],
+        )
+        self._sched = self._start(
+            "kube-scheduler",
+            [
+                str(self.tools.kube_scheduler),
+                f"--kubeconfig={kc}",
+                f"--authentication-kubeconfig={kc}",
+                f"--authorization-kubeconfig={kc}",
+                "--bind-address=127.0.0.1",
+                f"--secure-port={self.ports['scheduler']}",
+                "--leader-elect=false",
+                "--v=1",
+            ],
+        )
+
+    def _kwok(self) -> None:
+        cfg = components.kwok_stage_config(self.tools.kwok_stage_dir, self.dir / "kwok.yaml")
+        shims = install_shims(self.dir / "exec-bin")
+        (self.dir / "proctables").mkdir()
+        port = self.ports["kwok"]
+        pki = self.pki.dir
+        self._kwok_rec = self._start(
+            "kwok",
+            [
+                str(self.tools.kwok),
+                f"--kubeconfig={self.kubeconfig}",
+                f"--config={cfg}",
+                "--manage-all-nodes=false",
+                f"--manage-nodes-with-annotation-selector={KWOK_NODE_ANNOTATION}={KWOK_NODE_ANNOTATION_VALUE}",
+                "--node-ip=127.0.0.1",
+                f"--node-port={port}",
+                f"--server-address=127.0.0.1:{port}",
+                f"--tls-cert-file={pki / 'kwok.crt'}",
+                f"--tls-private-key-file={pki / 'kwok.key'}",
+                "--cidr=10.0.0.1/16",
+                "--node-lease-duration-seconds=40",
+                "--enable-crds=Exec,ClusterExec",
+            ],
+            # kwok runs exec'd commands itself: our `ps` shim must come first on its PATH.
+            env={"PATH": f"{shims}:{os.environ.get('PATH', '/usr/bin:/bin')}"},
+        )
+
+    def _kueue(self) -> None:
+        ca = self.pki.pem
+        cfg = components.kueue_config(
+            self.ports["kueue_webhook"],
+            self.ports["kueue_health"],
+            self.ports["kueue_metrics"],
+            self.dir / "kueue-certs",
+        )
+        cfg_path = self.dir / "kueue-config.yaml"
+        cfg_path.write_text(yaml.safe_dump(cfg, sort_keys=True))
+        self.kube.apply_all(
+            components.kueue_webhook_configs(self.tools.kueue_webhook_dir, self.ports["kueue_webhook"], ca)
+        )
+        self._kueue_rec = self._start(
+            "kueue", [str(self.tools.kueue), f"--config={cfg_path}", f"--kubeconfig={self.kubeconfig}"]
+        )
+
+    def _kyverno(self) -> None:
+        wport = self.ports["kyverno_webhook"]
+        self._kyverno_rec = self._start(
+            "kyverno-admission",
+            [
+                str(self.tools.kyverno_admission),
+                f"--kubeconfig={self.kubeconfig}",
+                f"--serverIP=127.0.0.1:{wport}",
+                "--webhookServerHost=127.0.0.1",
+                f"--webhookServerPort={wport}",
+                "--caSecretName=kyverno-svc.kyverno.svc.kyverno-tls-ca",
+                "--tlsSecretName=kyverno-svc.kyverno.svc.kyverno-tls-pair",
+                "--backgroundServiceAccountName=system:serviceaccount:kyverno:kyverno-background-controller",
+                "--reportsServiceAccountName=system:serviceaccount:kyverno:kyverno-reports-controller",
+                "--admissionReports=false",
+                "--metricsHost=127.0.0.1",
+                f"--metricsPort={self.ports['kyverno_metrics']}",
+                "--controllerRuntimeMetricsAddress=0",
+                "--disableLogColor",
+                "-v=2",
+            ],
+            env=components.kyverno_env("kyverno-admission-controller"),
+        )
+        self._kyverno_bg_rec = self._start(
+            "kyverno-background",
+            [
+                str(self.tools.kyverno_background),
+                f"--kubeconfig={self.kubeconfig}",
+                "--metricsHost=127.0.0.1",
+                f"--metricsPort={self.ports['kyverno_bg_metrics']}",
+                "--controllerRuntimeMetricsAddress=0",
+                "--disableLogColor",
+                "-v=2",
+            ],
+            env=components.kyverno_env("kyverno-background-controller"),
+        )
+
+    def _prometheus(self) -> None:
+        dport, pport = self.ports["dcgm"], self.ports["prometheus"]
+        self._dcgm_rec = self._start(
+            "fake-dcgm-exporter", [sys.executable, "-m", "ghostgpu.devcluster.fake_dcgm", f"--port={dport}"]
+        )
+        cfg = self.dir / "prometheus.yml"
+        cfg.write_text(yaml.safe_dump(components.prometheus_config(dport), sort_keys=True))
+        self._prom_rec = self._start(
+            "prometheus",
+            [
+                str(self.tools.prometheus),
+                f"--config.file={cfg}",
+                f"--storage.tsdb.path={self.dir / 'prometheus'}",
+                f"--web.listen-address=127.0.0.1:{pport}",
+                "--storage.tsdb.retention.time=1h",
+                "--log.level=warn",
+            ],
+        )
+
+    def _nodes(self) -> None:
+        procs.wait_for(
+            "kube-controller-manager /healthz",
+            lambda: self._insecure_ok(f"https://127.0.0.1:{self.ports['kcm']}/healthz"),
+            90,
+            self._kcm,
+        )
+        procs.wait_for(
+            "kube-scheduler /healthz",
+            lambda: self._insecure_ok(f"https://127.0.0.1:{self.ports['scheduler']}/healthz"),
+            90,
+            self._sched,
+        )
+        self._mark("controller-manager + scheduler")
+        procs.wait_for(
+            "kwok /healthz",
+            lambda: self._insecure_ok(f"https://127.0.0.1:{self.ports['kwok']}/healthz"),
+            60,
+            self._kwok_rec,
+        )
+        for spec in self.nodes:
+            self.kube.apply(node_manifest(spec))
+        core = self.kube.api_client
+
+        def nodes_ready() -> bool:
+            items = client.CoreV1Api(core).list_node().items
+            ready = {
+                n.metadata.name
+                for n in items
+                if any(c.type == "Ready" and c.status == "True" for c in (n.status.conditions or []))
+            }
+            return {s.name for s in self.nodes} <= ready
+
+        procs.wait_for(f"{len(self.nodes)} kwok GPU nodes Ready", nodes_ready, 60, self._kwok_rec)
+        # The default ServiceAccount must exist before pods can be created in a namespace.
+        procs.wait_for(
+            "default ServiceAccount",
+            lambda: client.CoreV1Api(core).read_namespaced_service_account("default", "default") is not None,
+            60,
+            self._kcm,
+        )
+        self._mark(f"kwok + {len(self.nodes)} GPU nodes")
+
+    def _wait_addons(self) -> None:
+        if "kueue" in self.addons:
+            procs.wait_for(
+                "kueue /readyz",
+                lambda: (
+                    httpx.get(f"http://127.0.0.1:{self.ports['kueue_health']}/readyz", timeout=2).status_code
+                    == 200
+                ),
+                120,
+                self._kueue_rec,
+            )
+            self._mark("kueue")
+        if "kyverno" in self.addons:
+            names = ["kyverno-resource-mutating-webhook-cfg", "kyverno-resource-validating-webhook-cfg"]
+
+            def kyverno_ready() -> bool:
+                return self._insecure_ok(
+                    f"https://127.0.0.1:{self.ports['kyverno_webhook']}/health/readiness"
+                ) and all(
+                    self.kube.get("admissionregistration.k8s.io/v1", k, n) is not None
+                    for k, n in zip(
+                        ["MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"], names, strict=True
+                    )
+                )
+
+            procs.wait_for("kyverno webhooks registered", kyverno_ready, 180, self._kyverno_rec)
+            procs.wait_for(
+                "kyverno background controller",
+                lambda: procs.alive(self._kyverno_bg_rec) and time.sleep(1) is None,
+                30,
+                self._kyverno_bg_rec,
+            )
+            self._mark("kyverno")
+        if "prometheus" in self.addons:
+            procs.wait_for(
+                "prometheus /-/ready",
+                lambda: httpx.get(f"{self.state.prometheus_url}/-/ready", timeout=2).status_code == 200,
+                60,
+                self._prom_rec,
+            )
+            procs.wait_for(
+                "fake dcgm-exporter",
+                lambda: httpx.get(f"{self.state.dcgm_url}/healthz", timeout=2).status_code == 200,
+                30,
+                self._dcgm_rec,
+            )
+            self._mark("prometheus + fake dcgm-exporter")
+
+
+def status_lines(state: ClusterState | None) -> list[str]:
+    if state is None:
+        return ["devcluster: not started (no state.json)"]
+    run = state.running()
+    lines = [
+        f"devcluster state: {state.state_dir}",
+        f"kubeconfig: {state.kubeconfig}",
+        f"server: {state.server}",
+    ]
+    if "prometheus" in state.addons:
+        lines += [f"prometheus: {state.prometheus_url}", f"fake dcgm-exporter: {state.dcgm_url}"]
+    for p in state.processes:
+        lines.append(f"  {p.name:<26} pid {p.pid:<8} {'running' if run[p.name] else 'STOPPED'}  log {p.log}")
+    lines.append(f"nodes: {', '.join(state.nodes)}")
+    lines.append("startup: " + json.dumps(state.startup_seconds))
+    return lines

@@ -1,0 +1,240 @@
+"""Manifests and config files the devcluster derives from the upstream release files that
+hack/testbin copied out of the module zips (Kueue's webhook and CRD patches, kwok's stages)."""
+
+from __future__ import annotations
+
+import base64
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+# Only the API groups whose types exist in this cluster: Kueue also ships webhooks for Kubeflow,
+# Ray, JobSet... which would only add noise (their CRDs are not installed).
+KUEUE_WEBHOOK_GROUPS = {"", "apps", "batch", "kueue.x-k8s.io"}
+KUEUE_SYSTEM_NAMESPACES = ["kube-system", "kueue-system"]
+# Kueue's kustomization adds this namespace selector to its pod/deployment/statefulset webhooks.
+KUEUE_POD_LIKE_WEBHOOKS = {
+    "mpod.kb.io",
+    "mdeployment.kb.io",
+    "mstatefulset.kb.io",
+    "vpod.kb.io",
+    "vdeployment.kb.io",
+    "vstatefulset.kb.io",
+}
+KUEUE_FRAMEWORKS = ["batch/job", "pod", "deployment", "statefulset"]
+
+
+def kueue_config(webhook_port: int, health_port: int, metrics_port: int, cert_dir: Path) -> dict[str, Any]:
+    return {
+        "apiVersion": "config.kueue.x-k8s.io/v1beta2",
+        "kind": "Configuration",
+        "namespace": "kueue-system",
+        "health": {"healthProbeBindAddress": f"127.0.0.1:{health_port}"},
+        "metrics": {"bindAddress": f"127.0.0.1:{metrics_port}"},
+        "webhook": {"port": webhook_port, "host": "127.0.0.1", "certDir": str(cert_dir)},
+        "leaderElection": {"leaderElect": False},
+        # Our own CA signs Kueue's serving cert and the webhook configurations carry url clientConfig.
+        "internalCertManagement": {"enable": False},
+        "manageJobsWithoutQueueName": False,
+        "managedJobsNamespaceSelector": {
+            "matchExpressions": [
+                {"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": KUEUE_SYSTEM_NAMESPACES}
+            ]
+        },
+        "integrations": {"frameworks": KUEUE_FRAMEWORKS},
+    }
+
+
+def _url_client_config(port: int, path: str, ca_pem: bytes) -> dict[str, Any]:
+    return {"url": f"https://127.0.0.1:{port}{path}", "caBundle": base64.b64encode(ca_pem).decode()}
+
+
+def kueue_webhook_configs(webhook_dir: Path, port: int, ca_pem: bytes) -> list[dict[str, Any]]:
+    """Kueue's Mutating/ValidatingWebhookConfiguration with url clientConfig to 127.0.0.1:port."""
+    out = []
+    for doc in yaml.safe_load_all((webhook_dir / "manifests.yaml").read_text()):
+        if not doc or doc.get("kind") not in (
+            "MutatingWebhookConfiguration",
+            "ValidatingWebhookConfiguration",
+        ):
+            continue
+        doc = copy.deepcopy(doc)
+        doc["metadata"]["name"] = "kueue-" + doc["metadata"]["name"]  # kustomize namePrefix
+        hooks = []
+        for wh in doc.get("webhooks", []):
+            groups = {g for rule in wh.get("rules", []) for g in rule.get("apiGroups", [])}
+            if not groups <= KUEUE_WEBHOOK_GROUPS:
+                continue
+            path = wh["clientConfig"]["service"]["path"]
+            wh["clientConfig"] = _url_client_config(port, path, ca_pem)
+            if wh["name"] in KUEUE_POD_LIKE_WEBHOOKS:
+                wh["namespaceSelector"] = {
+                    "matchExpressions": [
+                        {
+                            "key": "kubernetes.io/metadata.name",
+                            "operator": "NotIn",
+                            "values": KUEUE_SYSTEM_NAMESPACES,
+                        }
+                    ]
+                }
+            hooks.append(wh)
+        doc["webhooks"] = hooks
+        out.append(doc)
+    if not out:
+        raise ValueError(f"{webhook_dir}/manifests.yaml: no webhook configurations found")
+    return out
+
+
+def kueue_crds(crd_dir: Path, webhook_dir: Path, port: int, ca_pem: bytes) -> list[dict[str, Any]]:
+    """Kueue's CRDs; those Kueue's kustomization patches with a conversion webhook get one by url."""
+    converted = set()
+    for patch in sorted(webhook_dir.glob("webhook_in_*.yaml")):
+        converted.add(yaml.safe_load(patch.read_text())["metadata"]["name"])
+    crds = []
+    for f in sorted(crd_dir.glob("*.yaml")):
+        crd = yaml.safe_load(f.read_text())
+        if crd["metadata"]["name"] in converted:
+            crd["spec"]["conversion"] = {
+                "strategy": "Webhook",
+                "webhook": {
+                    "clientConfig": _url_client_config(port, "/convert", ca_pem),
+                    "conversionReviewVersions": ["v1"],
+                },
+            }
+        crds.append(crd)
+    return crds
+
+
+def kwok_stage_config(stage_dir: Path, out: Path) -> Path:
+    """One kwok --config file with the stages kwokctl uses by default: node initialize + lease
+    heartbeat (so nodes stay Ready for the node-lifecycle controller) and the fast pod lifecycle."""
+    files = [
+        *sorted((stage_dir / "node" / "fast").glob("*.yaml")),
+        *sorted((stage_dir / "node" / "heartbeat-with-lease").glob("*.yaml")),
+        *sorted((stage_dir / "pod" / "fast").glob("*.yaml")),
+    ]
+    docs = [
+        d
+        for f in files
+        if f.name != "kustomization.yaml"
+        for d in yaml.safe_load_all(f.read_text())
+        if d and d.get("kind") == "Stage"
+    ]
+    if not docs:
+        raise ValueError(f"{stage_dir}: no kwok Stage documents found")
+    out.write_text(yaml.safe_dump_all(docs, sort_keys=True))
+    return out
+
+
+# Kyverno's Helm chart defaults, minus the chart's own objects (nothing of Kyverno runs in-cluster).
+KYVERNO_RESOURCE_FILTERS = [
+    "[Event,*,*]",
+    "[*/*,kube-system,*]",
+    "[*/*,kube-public,*]",
+    "[*/*,kube-node-lease,*]",
+    "[Node,*,*]",
+    "[Node/?*,*,*]",
+    "[APIService,*,*]",
+    "[APIService/?*,*,*]",
+    "[TokenReview,*,*]",
+    "[SubjectAccessReview,*,*]",
+    "[SelfSubjectAccessReview,*,*]",
+    "[Binding,*,*]",
+    "[Pod/binding,*,*]",
+    "[ReplicaSet,*,*]",
+    "[ReplicaSet/?*,*,*]",
+    "[EphemeralReport,*,*]",
+    "[ClusterEphemeralReport,*,*]",
+]
+KYVERNO_NAMESPACE = "kyverno"
+KYVERNO_SERVICE_ACCOUNTS = [
+    "kyverno-admission-controller",
+    "kyverno-background-controller",
+    "kyverno-reports-controller",
+]
+
+
+def kyverno_bootstrap() -> list[dict[str, Any]]:
+    """Namespace, config maps, and service accounts bound to cluster-admin: the admission
+    controller checks that the background controller's service account may create what a
+    generating policy generates, so that account must exist and hold the rights."""
+    ns = KYVERNO_NAMESPACE
+    docs: list[dict[str, Any]] = [
+        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}},
+        {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {"name": "kyverno", "namespace": ns},
+            "data": {
+                "resourceFilters": "".join(KYVERNO_RESOURCE_FILTERS),
+                "webhooks": json.dumps(
+                    [
+                        {
+                            "namespaceSelector": {
+                                "matchExpressions": [
+                                    {
+                                        "key": "kubernetes.io/metadata.name",
+                                        "operator": "NotIn",
+                                        "values": ["kube-system", ns],
+                                    }
+                                ]
+                            }
+                        }
+                    ]
+                ),
+                "defaultRegistry": "docker.io",
+                "enableDefaultRegistryMutation": "true",
+                "generateSuccessEvents": "false",
+            },
+        },
+        {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {"name": "kyverno-metrics", "namespace": ns},
+            "data": {"namespaces": json.dumps({"include": [], "exclude": []})},
+        },
+    ]
+    for sa in KYVERNO_SERVICE_ACCOUNTS:
+        docs.append({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": sa, "namespace": ns}})
+        docs.append(
+            {
+                "apiVersion": "rbac.authorization.k8s.io/v1",
+                "kind": "ClusterRoleBinding",
+                "metadata": {"name": f"ghostgpu-devcluster:{sa}"},
+                "roleRef": {
+                    "apiGroup": "rbac.authorization.k8s.io",
+                    "kind": "ClusterRole",
+                    "name": "cluster-admin",
+                },
+                "subjects": [{"kind": "ServiceAccount", "name": sa, "namespace": ns}],
+            }
+        )
+    return docs
+
+
+def kyverno_env(service_account: str) -> dict[str, str]:
+    return {
+        "KYVERNO_NAMESPACE": KYVERNO_NAMESPACE,
+        "KYVERNO_SERVICEACCOUNT_NAME": service_account,
+        "KYVERNO_DEPLOYMENT": "dummy",
+        "KYVERNO_POD_NAME": "dummy",
+        "INIT_CONFIG": "kyverno",
+        "METRICS_CONFIG": "kyverno-metrics",
+    }
+
+
+def prometheus_config(dcgm_port: int, scrape_interval: str = "1s") -> dict[str, Any]:
+    return {
+        "global": {"scrape_interval": scrape_interval, "evaluation_interval": scrape_interval},
+        "scrape_configs": [
+            {
+                "job_name": "dcgm-exporter",
+                "scrape_interval": scrape_interval,
+                "honor_labels": True,  # keep the exporter's namespace/pod/container labels as they are
+                "static_configs": [{"targets": [f"127.0.0.1:{dcgm_port}"]}],
+            }
+        ],
+    }

@@ -1,0 +1,87 @@
+"""Where the pinned test-cluster binaries live: hack/versions.env names the versions, hack/testbin
+builds them into ~/.cache/ghostgpu/<component>-<version>/ (override with GHOSTGPU_CACHE)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+VERSIONS_ENV = REPO_ROOT / "hack" / "versions.env"
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("GHOSTGPU_CACHE", Path.home() / ".cache" / "ghostgpu"))
+
+
+def read_versions(path: Path = VERSIONS_ENV) -> dict[str, str]:
+    """Parse the KEY=value lines of hack/versions.env (comments and blanks ignored)."""
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"{path}: missing; the devcluster needs hack/versions.env from the repository"
+        )
+    out: dict[str, str] = {}
+    for n, raw in enumerate(path.read_text().splitlines(), 1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        key, sep, value = line.partition("=")
+        if not sep:
+            raise ValueError(f"{path}:{n}: expected KEY=value, got {raw!r}")
+        out[key.strip()] = value.strip()
+    return out
+
+
+@dataclass(frozen=True)
+class Toolchain:
+    """Absolute paths of every binary and data directory the devcluster runs."""
+
+    etcd: Path
+    kube_apiserver: Path
+    kube_controller_manager: Path
+    kube_scheduler: Path
+    kwok: Path
+    kwok_stage_dir: Path
+    kwok_crd_dir: Path
+    kueue: Path
+    kueue_crd_dir: Path
+    kueue_webhook_dir: Path
+    kyverno_cli: Path
+    kyverno_admission: Path
+    kyverno_background: Path
+    kyverno_crd_dir: Path
+    prometheus: Path
+    versions: dict[str, str]
+
+    @classmethod
+    def locate(cls, root: Path | None = None) -> Toolchain:
+        v = read_versions()
+        r = root or cache_root()
+        k8s = r / f"kubernetes-{v['KUBERNETES_VERSION']}"
+        kwok = r / f"kwok-{v['KWOK_VERSION']}"
+        kueue = r / f"kueue-{v['KUEUE_VERSION']}"
+        kyv = r / f"kyverno-{v['KYVERNO_VERSION']}"
+        return cls(
+            etcd=r / f"etcd-{v['ETCD_VERSION']}" / "bin" / "etcd",
+            kube_apiserver=k8s / "bin" / "kube-apiserver",
+            kube_controller_manager=k8s / "bin" / "kube-controller-manager",
+            kube_scheduler=k8s / "bin" / "kube-scheduler",
+            kwok=kwok / "bin" / "kwok",
+            kwok_stage_dir=kwok / "stage",
+            kwok_crd_dir=kwok / "crds",
+            kueue=kueue / "bin" / "kueue",
+            kueue_crd_dir=kueue / "crds",
+            kueue_webhook_dir=kueue / "webhook",
+            kyverno_cli=kyv / "bin" / "kyverno",
+            kyverno_admission=kyv / "bin" / "kyverno-admission",
+            kyverno_background=kyv / "bin" / "kyverno-background",
+            kyverno_crd_dir=kyv / "crds",
+            prometheus=r / "prometheus-apt" / "bin" / "prometheus",
+            versions=v,
+        )
+
+    def missing(self, *names: str) -> list[str]:
+        """Paths (of the named fields, or all) that hack/testbin has not built yet."""
+        fields = names or tuple(f for f in self.__dataclass_fields__ if f != "versions")
+        return [str(getattr(self, f)) for f in fields if not Path(getattr(self, f)).exists()]

@@ -1,0 +1,109 @@
+"""Start, find and stop the devcluster's processes. Each one runs in its own session (so the CLI
+that started it can exit) and is recorded by pid *and* argv[0], so `down` never signals a pid that
+the kernel has since handed to an unrelated process."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from pydantic import BaseModel
+
+
+class ProcessRecord(BaseModel):
+    name: str
+    pid: int
+    argv0: str
+    log: str
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def port_open(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.settimeout(0.2)
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def start(
+    name: str, argv: Sequence[str], log_dir: Path, env: dict[str, str] | None = None, cwd: Path | None = None
+) -> ProcessRecord:
+    log = log_dir / f"{name}.log"
+    with log.open("ab") as out:
+        proc = subprocess.Popen(
+            list(argv),
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **(env or {})},
+            cwd=cwd,
+            start_new_session=True,  # own process group: `down` can stop it and its children
+        )
+    return ProcessRecord(name=name, pid=proc.pid, argv0=str(argv[0]), log=str(log))
+
+
+def alive(rec: ProcessRecord) -> bool:
+    """True while the recorded pid still runs the recorded program (zombies count as dead)."""
+    try:
+        cmdline = Path(f"/proc/{rec.pid}/cmdline").read_bytes().split(b"\0")[0].decode()
+        state = Path(f"/proc/{rec.pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return False
+    return cmdline == rec.argv0 and state != "Z"
+
+
+def stop(rec: ProcessRecord, timeout: float = 10.0) -> None:
+    """SIGTERM the process group, then SIGKILL what is left after `timeout` seconds."""
+    if not alive(rec):
+        return
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(rec.pid, sig)
+        except ProcessLookupError:
+            return
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            _reap(rec.pid)
+            if not alive(rec):
+                return
+            time.sleep(0.1)
+
+
+def _reap(pid: int) -> None:
+    # Our own children become zombies until waited for; other pids raise ChildProcessError.
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(pid, os.WNOHANG)
+
+
+def wait_for(what: str, check: Callable[[], bool], timeout: float, rec: ProcessRecord | None = None) -> None:
+    """Poll `check` until it is true; fail early with the log tail if the process died."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if check():
+                return
+        except Exception:  # not up yet: connection refused, TLS not ready, 5xx...
+            pass
+        if rec is not None and not alive(rec):
+            raise RuntimeError(f"{rec.name} exited while waiting for {what}; log tail:\n{tail(rec.log)}")
+        time.sleep(0.25)
+    extra = f"; log tail of {rec.name}:\n{tail(rec.log)}" if rec else ""
+    raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}{extra}")
+
+
+def tail(path: str, lines: int = 25) -> str:
+    try:
+        return "\n".join(Path(path).read_text(errors="replace").splitlines()[-lines:])
+    except FileNotFoundError:
+        return "(no log)"
