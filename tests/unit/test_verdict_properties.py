@@ -1,0 +1,126 @@
+"""Properties of `decide` over arbitrary evidence and policies (hypothesis)."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ghostgpu.verdict import (
+    ArtifactSizes,
+    ArtifactsNotDeclared,
+    ContainerRestart,
+    Evidence,
+    FailureReason,
+    FaultEvidence,
+    ProcessInfo,
+    Rule,
+    Signal,
+    SignalFailure,
+    VerdictKind,
+    VerdictPolicy,
+    XidEvent,
+    decide,
+)
+
+failures = st.builds(SignalFailure, reason=st.sampled_from(FailureReason), detail=st.text(max_size=8))
+readings = st.floats(min_value=0.0, max_value=100.0, allow_nan=False)
+mixed = st.lists(st.one_of(readings, st.just(0.0), failures), max_size=40).map(tuple)
+# Half the draws are all-zero windows so the process, artifact and fault branches are reached.
+samples = st.one_of(mixed, st.lists(st.sampled_from([0.0, 0.0, 0.0, 0.2]), max_size=40).map(tuple))
+
+live_states = st.sampled_from(["R", "S", "Sl", "D", "Ss", "R+", "I", "T", "t"])
+dead_states = st.sampled_from(["Z", "Z+", "Zs", "X", "z", "x"])
+live_procs = st.builds(
+    ProcessInfo, pid=st.integers(1, 1 << 22), state=live_states, command=st.text(max_size=12)
+)
+dead_procs = st.builds(
+    ProcessInfo, pid=st.integers(1, 1 << 22), state=dead_states, command=st.text(max_size=12)
+)
+any_procs = st.one_of(live_procs, dead_procs)
+
+sizes = st.integers(min_value=0, max_value=1 << 40)
+artifacts = st.one_of(
+    st.just(ArtifactsNotDeclared()),
+    st.builds(ArtifactSizes, start_bytes=sizes, end_bytes=sizes, completion_marker=st.booleans()),
+    failures,
+)
+faults = st.one_of(
+    st.builds(
+        FaultEvidence,
+        xid_events=st.lists(st.builds(XidEvent, code=st.integers(0, 160)), max_size=3).map(tuple),
+        restarts=st.lists(
+            st.builds(
+                ContainerRestart,
+                container=st.just("main"),
+                reason=st.sampled_from(["OOMKilled", "Error", "Completed", "ContainerCannotRun"]),
+                exit_code=st.one_of(st.none(), st.integers(0, 255)),
+            ),
+            max_size=3,
+        ).map(tuple),
+    ),
+    failures,
+)
+
+
+@st.composite
+def policies(draw: st.DrawFn, rules: list[Rule]) -> VerdictPolicy:
+    window = draw(st.integers(1, 12))
+    optional = draw(st.sets(st.sampled_from([Signal.PROCESSES, Signal.ARTIFACTS, Signal.FAULTS])))
+    return VerdictPolicy(
+        rule=draw(st.sampled_from(rules)),
+        window=window,
+        zero_threshold=draw(st.sampled_from([0.0, 0.5, 1.0, 5.0])),
+        hold_after=draw(st.one_of(st.none(), st.integers(window, 30))),
+        required=frozenset({Signal.UTILIZATION, *optional}),
+    )
+
+
+@st.composite
+def evidence_with_live_process(draw: st.DrawFn) -> Evidence:
+    """Any evidence at all, as long as the process table holds at least one live process."""
+    table = draw(st.lists(any_procs, max_size=5))
+    table.insert(draw(st.integers(0, len(table))), draw(live_procs))
+    return Evidence(
+        utilization=draw(samples), processes=tuple(table), artifacts=draw(artifacts), faults=draw(faults)
+    )
+
+
+PROCESS_AWARE = [Rule.GHOSTGPU, Rule.PAPER_MULTI_SIGNAL]
+
+
+@settings(max_examples=400, deadline=None)
+@given(evidence=evidence_with_live_process(), policy=policies(PROCESS_AWARE))
+def test_a_live_process_is_never_finished_or_zombie(evidence: Evidence, policy: VerdictPolicy) -> None:
+    v = decide(evidence, policy)
+    assert v.kind not in (VerdictKind.FINISHED_IDLE, VerdictKind.ZOMBIE_CRASHED)
+    assert not v.reclaimable
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    evidence=st.builds(
+        Evidence,
+        utilization=samples,
+        processes=st.one_of(st.none(), failures, st.lists(any_procs, max_size=4).map(tuple)),
+        artifacts=artifacts,
+        faults=faults,
+    ),
+    policy=policies(list(Rule)),
+)
+def test_verdict_is_deterministic_and_failures_in_the_window_are_never_reclaimed(
+    evidence: Evidence, policy: VerdictPolicy
+) -> None:
+    v = decide(evidence, policy)
+    assert decide(evidence, policy) == v
+    assert decide(Evidence.model_validate_json(evidence.model_dump_json()), policy) == v
+    window = evidence.utilization[-policy.effective_window :]
+    if len(evidence.utilization) < policy.effective_window or any(
+        isinstance(s, SignalFailure) for s in window
+    ):
+        assert v.kind is VerdictKind.UNKNOWN
+    if v.reclaimable and policy.rule is Rule.GHOSTGPU:
+        # Reclaimable under the default rule means: window zero, no live process, output not moving.
+        assert isinstance(evidence.processes, tuple) or Signal.PROCESSES not in policy.required
+        assert not any(isinstance(p, ProcessInfo) and not p.defunct for p in evidence.processes or ())
+        assert not (isinstance(evidence.artifacts, ArtifactSizes) and evidence.artifacts.changed)
+    assert v.reasons, "every verdict carries reasons"
