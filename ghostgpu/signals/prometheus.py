@@ -1,0 +1,115 @@
+"""A minimal async client for the Prometheus HTTP API (`/api/v1/query`).
+
+Why our own thin client: every way a query can go wrong must become a typed `SignalFailure`
+reason (HTTP error, timeout, malformed body, `status: error`), and the query is sent as a POST form
+so that a regex over hundreds of pod names never hits URL length limits.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from ghostgpu.verdict import FailureReason, SignalFailure
+
+
+class PrometheusError(Exception):
+    """A query failed as a whole; `failure` is what every affected workload records."""
+
+    def __init__(self, reason: FailureReason, detail: str) -> None:
+        super().__init__(f"{reason.value}: {detail}")
+        self.failure = SignalFailure(reason=reason, detail=detail[:200])
+
+
+@dataclass(frozen=True, slots=True)
+class VectorSample:
+    """One series of an instant-vector result."""
+
+    labels: dict[str, str]
+    timestamp: float  # evaluation time of the instant query (not the sample's own time)
+    value: float
+
+
+def parse_vector(body: Any) -> tuple[float | None, list[VectorSample]]:
+    """Parse an instant-query response body into samples.
+
+    Returns (evaluation time if any sample carries one, samples). Raises PrometheusError with
+    PARSE_ERROR for anything that is not a well-formed vector result, HTTP_ERROR for `status: error`.
+    """
+    if not isinstance(body, dict):
+        raise PrometheusError(FailureReason.PARSE_ERROR, "response is not a JSON object")
+    if body.get("status") != "success":
+        err = f"{body.get('errorType', 'unknown')}: {body.get('error', 'no error text')}"
+        raise PrometheusError(FailureReason.HTTP_ERROR, f"prometheus status {body.get('status')!r} {err}")
+    data = body.get("data")
+    if not isinstance(data, dict) or data.get("resultType") != "vector":
+        raise PrometheusError(FailureReason.PARSE_ERROR, "expected data.resultType == 'vector'")
+    result = data.get("result")
+    if not isinstance(result, list):
+        raise PrometheusError(FailureReason.PARSE_ERROR, "data.result is not a list")
+    samples: list[VectorSample] = []
+    eval_time: float | None = None
+    for item in result:
+        try:
+            labels = item["metric"]
+            ts_raw, value_raw = item["value"]
+            ts, value = float(ts_raw), float(value_raw)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise PrometheusError(FailureReason.PARSE_ERROR, f"malformed sample {item!r:.120}") from exc
+        if not isinstance(labels, dict):
+            raise PrometheusError(FailureReason.PARSE_ERROR, "metric labels are not an object")
+        eval_time = ts
+        # NaN/Inf are not readings: drop them so that the series counts as missing (a failure).
+        if math.isfinite(value):
+            samples.append(
+                VectorSample(labels={str(k): str(v) for k, v in labels.items()}, timestamp=ts, value=value)
+            )
+    return eval_time, samples
+
+
+class PrometheusClient:
+    """Async instant queries against one Prometheus base URL (e.g. http://127.0.0.1:9090)."""
+
+    def __init__(
+        self, base_url: str, *, timeout: float = 10.0, client: httpx.AsyncClient | None = None
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.timeout = timeout
+        self._client = client or httpx.AsyncClient(timeout=timeout)
+        self._owns_client = client is None
+
+    async def aclose(self) -> None:
+        if self._owns_client:
+            await self._client.aclose()
+
+    async def __aenter__(self) -> PrometheusClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def query(self, promql: str, *, at: float | None = None) -> tuple[float | None, list[VectorSample]]:
+        """Run one instant query. Raises PrometheusError, never returns a partial answer."""
+        form = {"query": promql}
+        if at is not None:
+            form["time"] = f"{at:.3f}"
+        try:
+            resp = await self._client.post(f"{self.base_url}/api/v1/query", data=form, timeout=self.timeout)
+        except httpx.TimeoutException as exc:
+            raise PrometheusError(FailureReason.TIMEOUT, f"no answer within {self.timeout}s") from exc
+        except httpx.HTTPError as exc:
+            raise PrometheusError(FailureReason.HTTP_ERROR, f"{type(exc).__name__}: {exc}") from exc
+        try:
+            body = resp.json()
+        except ValueError:
+            body = None
+        if resp.status_code != 200:
+            # Prometheus answers 400/422/503 with a JSON error body; keep its text for the evidence.
+            detail = body.get("error", "") if isinstance(body, dict) else resp.text[:120]
+            raise PrometheusError(FailureReason.HTTP_ERROR, f"HTTP {resp.status_code} {detail}".strip())
+        if body is None:
+            raise PrometheusError(FailureReason.PARSE_ERROR, "response body is not JSON")
+        return parse_vector(body)

@@ -1,0 +1,232 @@
+"""GPU utilization: ONE batched PromQL query per poll for every tracked pod.
+
+The query returns three kinds of series, told apart by a `ghostgpu_field` label that the query
+itself adds with `label_replace`, so a single HTTP round trip carries:
+  util  max utilization over the pod's GPUs            (the reading)
+  ts    min `timestamp()` of those GPU series           (staleness: the oldest GPU sample counts)
+  xid   last XID error code per GPU, when non-zero      (fault evidence, DESIGN §4)
+
+Failure rules (never a silent zero): the query failing as a whole fails every pod; a pod without
+a `util` series is MISSING; a pod whose oldest sample is older than `max_sample_age` is STALE.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import deque
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from ghostgpu.signals.prometheus import PrometheusClient, PrometheusError, VectorSample
+from ghostgpu.verdict import FailureReason, SignalFailure, UtilizationSample, XidEvent
+
+FIELD_LABEL = "ghostgpu_field"
+# Kubernetes object names (DNS-1123 subdomain): the only characters we ever put into a regex.
+_K8S_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
+_PROM_LABEL = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
+_PROM_METRIC = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
+
+
+class QuerySpec(BaseModel):
+    """What to query and how series map to pods. Presets below; everything overridable in config."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    metric: str = Field(pattern=_PROM_METRIC.pattern)
+    pod_label: str = Field("pod", pattern=_PROM_LABEL.pattern)
+    namespace_label: str = Field("namespace", pattern=_PROM_LABEL.pattern)
+    gpu_label: str = Field("gpu", pattern=_PROM_LABEL.pattern)
+    # Readings are percent (0-100); ratio metrics such as DCGM_FI_PROF_GR_ENGINE_ACTIVE use 100.
+    scale: float = Field(1.0, gt=0)
+    xid_metric: str | None = Field(None, pattern=_PROM_METRIC.pattern)
+    # A sample older than this (seconds, relative to the query's evaluation time) is STALE.
+    max_sample_age: float = Field(120.0, gt=0)
+
+
+PRESETS: dict[str, QuerySpec] = {
+    # dcgm-exporter scraped through a ServiceMonitor without honorLabels: the pod's own labels
+    # become exported_pod / exported_namespace (pod/namespace are the exporter's).
+    "dcgm": QuerySpec(
+        metric="DCGM_FI_DEV_GPU_UTIL",
+        pod_label="exported_pod",
+        namespace_label="exported_namespace",
+        gpu_label="gpu",
+        xid_metric="DCGM_FI_DEV_XID_ERRORS",
+    ),
+    "dcgm-prof": QuerySpec(
+        metric="DCGM_FI_PROF_GR_ENGINE_ACTIVE",
+        pod_label="exported_pod",
+        namespace_label="exported_namespace",
+        gpu_label="gpu",
+        scale=100.0,
+        xid_metric="DCGM_FI_DEV_XID_ERRORS",
+    ),
+    # HAMi's vGPU monitor: per-container utilization of each virtual device.
+    "hami": QuerySpec(
+        metric="Device_utilization_desc_of_container",
+        pod_label="podname",
+        namespace_label="podnamespace",
+        gpu_label="deviceuuid",
+    ),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class PodKey:
+    namespace: str
+    name: str
+
+
+@dataclass(frozen=True, slots=True)
+class PodReading:
+    """One pod's share of one poll."""
+
+    utilization: UtilizationSample
+    xids: tuple[XidEvent, ...] = ()
+
+
+def _alternation(names: Iterable[str]) -> str:
+    # Names are validated DNS-1123, so '.' is the only regex metacharacter left to escape
+    # (doubled because the regex sits inside a PromQL string literal).
+    return "|".join(n.replace(".", "\\\\.") for n in sorted(set(names)))
+
+
+def build_query(spec: QuerySpec, pods: Iterable[PodKey]) -> str:
+    """The one PromQL expression for this poll. Raises ValueError on an invalid pod name."""
+    pods = list(pods)
+    for p in pods:
+        if not (_K8S_NAME.match(p.name) and _K8S_NAME.match(p.namespace)):
+            raise ValueError(f"not a Kubernetes name: {p.namespace}/{p.name}")
+    sel = (
+        f'{{{spec.namespace_label}=~"{_alternation(p.namespace for p in pods)}",'
+        f'{spec.pod_label}=~"{_alternation(p.name for p in pods)}"}}'
+    )
+    by = f"{spec.namespace_label}, {spec.pod_label}"
+    util = f"max by ({by}) ({spec.metric}{sel})"
+    if spec.scale != 1.0:
+        util = f"({util}) * {spec.scale:g}"
+    parts = [
+        f'label_replace({util}, "{FIELD_LABEL}", "util", "", "")',
+        f'label_replace(min by ({by}) (timestamp({spec.metric}{sel})), "{FIELD_LABEL}", "ts", "", "")',
+    ]
+    if spec.xid_metric:
+        parts.append(
+            f"label_replace(max by ({by}, {spec.gpu_label}) ({spec.xid_metric}{sel} > 0), "
+            f'"{FIELD_LABEL}", "xid", "", "")'
+        )
+    return " or ".join(parts)
+
+
+def readings_from_samples(
+    spec: QuerySpec, pods: Iterable[PodKey], eval_time: float, samples: Sequence[VectorSample]
+) -> dict[PodKey, PodReading]:
+    """Turn the query's series into one reading per requested pod (pure; tested without HTTP)."""
+    util: dict[PodKey, float] = {}
+    stamp: dict[PodKey, float] = {}
+    xids: dict[PodKey, list[XidEvent]] = {}
+    for s in samples:
+        key = PodKey(s.labels.get(spec.namespace_label, ""), s.labels.get(spec.pod_label, ""))
+        kind = s.labels.get(FIELD_LABEL)
+        if kind == "util":
+            util[key] = s.value
+        elif kind == "ts":
+            stamp[key] = s.value
+        elif kind == "xid" and s.value > 0:
+            xids.setdefault(key, []).append(XidEvent(code=int(s.value), gpu=s.labels.get(spec.gpu_label, "")))
+    out: dict[PodKey, PodReading] = {}
+    for key in pods:
+        events = tuple(sorted(xids.get(key, ()), key=lambda x: (x.gpu, x.code)))
+        if key not in util:
+            failure = SignalFailure(reason=FailureReason.MISSING, detail=f"no {spec.metric} series")
+            out[key] = PodReading(failure, events)
+        elif key not in stamp:
+            out[key] = PodReading(
+                SignalFailure(reason=FailureReason.MISSING, detail="no sample timestamp"), events
+            )
+        elif eval_time - stamp[key] > spec.max_sample_age:
+            age = eval_time - stamp[key]
+            out[key] = PodReading(
+                SignalFailure(reason=FailureReason.STALE, detail=f"newest sample {age:.0f}s old"), events
+            )
+        elif util[key] < 0:
+            out[key] = PodReading(
+                SignalFailure(reason=FailureReason.PARSE_ERROR, detail="negative reading"), events
+            )
+        else:
+            out[key] = PodReading(util[key], events)
+    return out
+
+
+class UtilizationSource:
+    """Runs the batched query. `poll()` never raises: failures land in every pod's reading."""
+
+    def __init__(self, client: PrometheusClient, spec: QuerySpec) -> None:
+        self.client = client
+        self.spec = spec
+
+    async def poll(self, pods: Iterable[PodKey], *, now: float) -> dict[PodKey, PodReading]:
+        pods = list(dict.fromkeys(pods))
+        if not pods:
+            return {}
+        valid = [p for p in pods if _K8S_NAME.match(p.name) and _K8S_NAME.match(p.namespace)]
+        out = {
+            p: PodReading(SignalFailure(reason=FailureReason.OTHER, detail="invalid pod name"))
+            for p in pods
+            if p not in valid
+        }
+        if not valid:
+            return out
+        try:
+            eval_time, samples = await self.client.query(build_query(self.spec, valid), at=now)
+        except PrometheusError as exc:
+            return out | {p: PodReading(exc.failure) for p in valid}
+        # An empty result carries no evaluation time; we asked for `now`, so that is it.
+        return out | readings_from_samples(self.spec, valid, eval_time or now, samples)
+
+
+def workload_sample(readings: Iterable[PodReading]) -> UtilizationSample:
+    """A workload's reading is the max over its pods; any pod failing fails the workload (fail safe)."""
+    values: list[float] = []
+    for r in readings:
+        if isinstance(r.utilization, SignalFailure):
+            return r.utilization
+        values.append(r.utilization)
+    if not values:
+        return SignalFailure(reason=FailureReason.MISSING, detail="workload has no running pod")
+    return max(values)
+
+
+@dataclass
+class UtilizationRing:
+    """The last `size` samples of one workload, oldest first (what `Evidence.utilization` wants)."""
+
+    size: int
+    _samples: deque[UtilizationSample] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self._samples = deque(maxlen=self.size)
+
+    def push(self, sample: UtilizationSample) -> None:
+        self._samples.append(sample)
+
+    def resize(self, size: int) -> None:
+        if size != self.size:
+            self.size = size
+            self._samples = deque(self._samples, maxlen=size)
+
+    def clear(self) -> None:
+        self._samples.clear()
+
+    @property
+    def samples(self) -> tuple[UtilizationSample, ...]:
+        return tuple(self._samples)
+
+    def newest_all_zero(self, k: int, threshold: float) -> bool:
+        """True when the newest k samples exist, are readings, and are all <= threshold."""
+        tail = list(self._samples)[-k:]
+        return len(tail) == k and all(not isinstance(s, SignalFailure) and s <= threshold for s in tail)
+
+    def __len__(self) -> int:
+        return len(self._samples)

@@ -1,0 +1,280 @@
+"""Utilization signal: query building, response parsing and every failure mode, with the HTTP side
+served by a real local server on 127.0.0.1 (canned Prometheus API answers, slow answers for the
+timeout case)."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import urllib.parse
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from ghostgpu.signals.prometheus import PrometheusClient, PrometheusError, parse_vector
+from ghostgpu.signals.utilization import (
+    FIELD_LABEL,
+    PRESETS,
+    PodKey,
+    PodReading,
+    QuerySpec,
+    UtilizationRing,
+    UtilizationSource,
+    build_query,
+    workload_sample,
+)
+from ghostgpu.verdict import FailureReason, SignalFailure
+
+NOW = 1_760_000_000.0
+SPEC = QuerySpec(metric="DCGM_FI_DEV_GPU_UTIL", xid_metric="DCGM_FI_DEV_XID_ERRORS", max_sample_age=60)
+
+
+@dataclass
+class Canned:
+    status: int = 200
+    body: object = None
+    raw: bytes | None = None
+    delay: float = 0.0
+    queries: list[dict[str, list[str]]] = field(default_factory=list)
+
+
+@pytest.fixture
+def prom() -> Iterator[tuple[str, Canned]]:
+    canned = Canned()
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *a: object) -> None:
+            pass
+
+        def do_POST(self) -> None:
+            length = int(self.headers.get("Content-Length") or 0)
+            canned.queries.append(urllib.parse.parse_qs(self.rfile.read(length).decode()))
+            if canned.delay:
+                time.sleep(canned.delay)
+            data = canned.raw if canned.raw is not None else json.dumps(canned.body).encode()
+            try:
+                self.send_response(canned.status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+            except (BrokenPipeError, ConnectionResetError):
+                pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    t = threading.Thread(target=server.serve_forever, daemon=True)
+    t.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}", canned
+    server.shutdown()
+    server.server_close()
+
+
+def series(field_: str, ns: str, pod: str, value: float, ts: float = NOW, **extra: str) -> dict:
+    return {
+        "metric": {FIELD_LABEL: field_, "namespace": ns, "pod": pod, **extra},
+        "value": [ts, repr(value) if not isinstance(value, str) else value],
+    }
+
+
+def success(*result: dict) -> dict:
+    return {"status": "success", "data": {"resultType": "vector", "result": list(result)}}
+
+
+A, B, C = PodKey("team-a", "train-0"), PodKey("team-a", "notebook-7f9c"), PodKey("team-b", "serve.v2-0")
+
+
+async def poll(url: str, pods: list[PodKey], *, timeout: float = 2.0, spec: QuerySpec = SPEC):
+    async with PrometheusClient(url, timeout=timeout) as client:
+        return await UtilizationSource(client, spec).poll(pods, now=NOW)
+
+
+# --- query building -------------------------------------------------------------------------------
+
+
+def test_query_is_one_expression_for_all_pods_with_escaped_names() -> None:
+    q = build_query(SPEC, [A, B, C])
+    assert q.count("DCGM_FI_DEV_GPU_UTIL{") == 2  # value + timestamp over the same selector
+    assert 'pod=~"notebook-7f9c|serve\\\\.v2-0|train-0"' in q
+    assert 'namespace=~"team-a|team-b"' in q
+    assert "DCGM_FI_DEV_XID_ERRORS{" in q and "> 0" in q
+    assert q.count(" or ") == 2
+
+
+def test_query_uses_label_mapping_and_scale() -> None:
+    q = build_query(PRESETS["dcgm-prof"], [A])
+    assert 'exported_pod=~"train-0"' in q and 'exported_namespace=~"team-a"' in q
+    assert "max by (exported_namespace, exported_pod)" in q and "* 100" in q
+    hami = build_query(PRESETS["hami"], [A])
+    assert "Device_utilization_desc_of_container{" in hami and 'podname=~"train-0"' in hami
+    assert "XID" not in hami  # HAMi has no XID metric: no third series
+
+
+def test_query_rejects_a_name_that_could_inject_promql() -> None:
+    with pytest.raises(ValueError):
+        build_query(SPEC, [PodKey("team-a", 'x"} or vector(1) #')])
+
+
+def test_spec_rejects_label_names_that_are_not_labels() -> None:
+    with pytest.raises(ValueError):
+        QuerySpec(metric="DCGM_FI_DEV_GPU_UTIL", pod_label='pod"}')
+
+
+# --- parsing through the real HTTP path -----------------------------------------------------------
+
+
+async def test_readings_per_pod_with_max_over_gpus_and_xids(prom: tuple[str, Canned]) -> None:
+    url, canned = prom
+    canned.body = success(
+        series("util", "team-a", "train-0", 87.0),
+        series("ts", "team-a", "train-0", NOW - 15),
+        series("util", "team-a", "notebook-7f9c", 0.0),
+        series("ts", "team-a", "notebook-7f9c", NOW - 5),
+        series("xid", "team-a", "notebook-7f9c", 79.0, gpu="1"),
+        series("util", "other-ns", "train-0", 55.0),  # same pod name elsewhere: ignored
+        series("ts", "other-ns", "train-0", NOW),
+    )
+    out = await poll(url, [A, B])
+    assert out[A] == PodReading(87.0, ())
+    assert out[B].utilization == 0.0
+    assert [(x.code, x.gpu) for x in out[B].xids] == [(79, "1")]
+    assert len(canned.queries) == 1, "one HTTP query per poll"
+    assert canned.queries[0]["time"] == [f"{NOW:.3f}"]
+
+
+async def test_missing_series_is_a_failure_not_zero(prom: tuple[str, Canned]) -> None:
+    url, canned = prom
+    canned.body = success(series("util", "team-a", "train-0", 3.0), series("ts", "team-a", "train-0", NOW))
+    out = await poll(url, [A, B])
+    assert out[A].utilization == 3.0
+    assert isinstance(out[B].utilization, SignalFailure)
+    assert out[B].utilization.reason is FailureReason.MISSING
+
+
+async def test_empty_result_fails_every_pod(prom: tuple[str, Canned]) -> None:
+    url, canned = prom
+    canned.body = success()
+    out = await poll(url, [A, B, C])
+    assert {r.utilization.reason for r in out.values() if isinstance(r.utilization, SignalFailure)} == {
+        FailureReason.MISSING
+    }
+    assert len(out) == 3
+
+
+async def test_stale_sample_is_a_failure(prom: tuple[str, Canned]) -> None:
+    url, canned = prom
+    canned.body = success(
+        series("util", "team-a", "train-0", 0.0),
+        series("ts", "team-a", "train-0", NOW - 61),  # older than max_sample_age=60
+        series("util", "team-a", "notebook-7f9c", 0.0),
+        series("ts", "team-a", "notebook-7f9c", NOW - 59),
+    )
+    out = await poll(url, [A, B])
+    assert isinstance(out[A].utilization, SignalFailure) and out[A].utilization.reason is FailureReason.STALE
+    assert out[B].utilization == 0.0
+
+
+async def test_value_without_timestamp_series_is_missing(prom: tuple[str, Canned]) -> None:
+    url, canned = prom
+    canned.body = success(series("util", "team-a", "train-0", 0.0))
+    out = await poll(url, [A])
+    assert (
+        isinstance(out[A].utilization, SignalFailure) and out[A].utilization.reason is FailureReason.MISSING
+    )
+
+
+async def test_nan_reading_counts_as_missing(prom: tuple[str, Canned]) -> None:
+    url, canned = prom
+    canned.body = success(series("util", "team-a", "train-0", "NaN"), series("ts", "team-a", "train-0", NOW))
+    out = await poll(url, [A])
+    assert isinstance(out[A].utilization, SignalFailure)
+
+
+@pytest.mark.parametrize("status", [500, 503, 422])
+async def test_http_error_fails_every_pod(prom: tuple[str, Canned], status: int) -> None:
+    url, canned = prom
+    canned.status = status
+    canned.body = {"status": "error", "errorType": "execution", "error": "query timed out in expression eval"}
+    out = await poll(url, [A, B])
+    for r in out.values():
+        assert isinstance(r.utilization, SignalFailure)
+        assert r.utilization.reason is FailureReason.HTTP_ERROR
+        assert str(status) in r.utilization.detail
+
+
+async def test_http_500_with_html_body(prom: tuple[str, Canned]) -> None:
+    url, canned = prom
+    canned.status, canned.raw = 500, b"<html>Internal Server Error</html>"
+    out = await poll(url, [A])
+    assert out[A].utilization.reason is FailureReason.HTTP_ERROR  # type: ignore[union-attr]
+
+
+async def test_timeout_fails_every_pod(prom: tuple[str, Canned]) -> None:
+    url, canned = prom
+    canned.delay = 1.5
+    canned.body = success(series("util", "team-a", "train-0", 50.0), series("ts", "team-a", "train-0", NOW))
+    t0 = time.monotonic()
+    out = await poll(url, [A], timeout=0.3)
+    assert time.monotonic() - t0 < 1.4, "the client must give up at its timeout"
+    assert out[A].utilization.reason is FailureReason.TIMEOUT  # type: ignore[union-attr]
+
+
+async def test_connection_refused_is_http_error() -> None:
+    out = await poll("http://127.0.0.1:9", [A], timeout=1.0)
+    assert out[A].utilization.reason is FailureReason.HTTP_ERROR  # type: ignore[union-attr]
+
+
+async def test_status_error_with_200_and_non_json(prom: tuple[str, Canned]) -> None:
+    url, canned = prom
+    canned.body = {"status": "error", "errorType": "bad_data", "error": "parse error"}
+    out = await poll(url, [A])
+    assert out[A].utilization.reason is FailureReason.HTTP_ERROR  # type: ignore[union-attr]
+    canned.body, canned.raw = None, b"not json"
+    out = await poll(url, [A])
+    assert out[A].utilization.reason is FailureReason.PARSE_ERROR  # type: ignore[union-attr]
+
+
+def test_parse_vector_rejects_matrix_and_malformed_samples() -> None:
+    with pytest.raises(PrometheusError) as e:
+        parse_vector({"status": "success", "data": {"resultType": "matrix", "result": []}})
+    assert e.value.failure.reason is FailureReason.PARSE_ERROR
+    with pytest.raises(PrometheusError):
+        parse_vector(success({"metric": {}, "value": [NOW]}))
+    with pytest.raises(PrometheusError):
+        parse_vector(success({"metric": {}, "value": [NOW, "abc"]}))
+
+
+async def test_invalid_pod_name_fails_only_that_pod(prom: tuple[str, Canned]) -> None:
+    url, canned = prom
+    canned.body = success(series("util", "team-a", "train-0", 9.0), series("ts", "team-a", "train-0", NOW))
+    bad = PodKey("team-a", "Bad_Name")
+    out = await poll(url, [A, bad])
+    assert out[A].utilization == 9.0
+    assert isinstance(out[bad].utilization, SignalFailure)
+
+
+# --- aggregation and the ring ----------------------------------------------------------------------
+
+
+def test_workload_sample_is_max_over_pods_and_fails_safe() -> None:
+    assert workload_sample([PodReading(0.0), PodReading(12.0)]) == 12.0
+    fail = SignalFailure(reason=FailureReason.STALE)
+    assert workload_sample([PodReading(50.0), PodReading(fail)]) == fail
+    assert isinstance(workload_sample([]), SignalFailure)
+
+
+def test_ring_keeps_last_k_oldest_first() -> None:
+    ring = UtilizationRing(size=3)
+    for v in (5.0, 0.0, 0.0, 0.0):
+        ring.push(v)
+    assert ring.samples == (0.0, 0.0, 0.0)
+    assert ring.newest_all_zero(3, 0.0)
+    ring.push(SignalFailure(reason=FailureReason.MISSING))
+    assert not ring.newest_all_zero(1, 0.0), "a failure is never a zero"
+    assert not ring.newest_all_zero(3, 0.0)
+    ring.resize(5)
+    assert len(ring) == 3 and ring.size == 5
+    assert not UtilizationRing(size=5).newest_all_zero(5, 0.0)
