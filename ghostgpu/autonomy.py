@@ -231,15 +231,16 @@ class EscalationSettings(_Model):
 class AutonomyConfig(_Model):
     """The `controller.autonomy` section of ghostgpu.yaml.
 
-    tau: global threshold, used for every type without its own entry. The default 0.325 is the
-    global tau that `ghostgpu calibrate` yields on the built-in incident set (README).
+    tau: global threshold, used for every type without its own entry. The default 0.25 is the
+    global tau that `ghostgpu calibrate` yields on the built-in incident set with the default
+    weights and a 2 % ceiling (README; the publication's own set gave 0.325).
     tau_by_type: per verdict kind (FINISHED_IDLE, ZOMBIE_CRASHED, ...) or incident type
     (node_pressure, ...); keys are normalised (`normalise_type`).
     autonomous_verdicts: verdict kinds for which a non-observational action may run alone at all;
     for any other verdict (ACTIVE, IDLE_HELD, UNKNOWN) only annotate/Event/notify can.
     """
 
-    tau: NonNegFloat = 0.325
+    tau: NonNegFloat = 0.25
     tau_by_type: dict[str, NonNegFloat] = Field(default_factory=dict)
     weights: RiskWeights = Field(default_factory=RiskWeights)
     scale: BlastScale = Field(default_factory=BlastScale)
