@@ -1,0 +1,104 @@
+"""Fixtures for end-to-end tests against the local devcluster (ghostgpu.devcluster).
+
+One cluster serves the whole session. If `GHOSTGPU_DEVCLUSTER_STATE` names the state directory of a
+cluster that `ghostgpu devcluster up` already started, the tests use it and leave it running;
+otherwise the session starts its own cluster in a temporary directory and stops it at the end.
+Tests are skipped (with the reason) only when hack/testbin has not built the binaries; hack/test
+runs hack/testbin first, so CI never skips.
+
+Fixtures other parts use:
+  devcluster      DevCluster: .kubeconfig, .state.prometheus_url, .process_tables, .dcgm, .kube
+  kubeconfig      Path of the admin kubeconfig
+  namespace       a fresh namespace per test (deleted afterwards); `make_namespace(labels)` for more
+  process_tables  ProcessTables: .set(ns, pod, [ProcessRow(...)]) scripts what `ps` prints in a pod
+  dcgm            FakeDcgmClient: .set(ns, pod, util=..., fb_used_mib=..., xid=...); cleared per test
+  prometheus_url  base URL of the real Prometheus that scrapes the fake dcgm-exporter every second
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from ghostgpu.devcluster import DevCluster, FakeDcgmClient, ProcessTables
+from ghostgpu.devcluster.paths import Toolchain
+
+
+def _skip_reason() -> str | None:
+    try:
+        missing = Toolchain.locate().missing()
+    except FileNotFoundError as e:
+        return str(e)
+    if missing:
+        return "devcluster binaries not built (run hack/testbin): " + ", ".join(missing)
+    return None
+
+
+@pytest.fixture(scope="session")
+def devcluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevCluster]:
+    reason = _skip_reason()
+    if reason:
+        pytest.skip(reason)
+    shared = os.environ.get("GHOSTGPU_DEVCLUSTER_STATE")
+    if shared:
+        cluster = DevCluster.attach(Path(shared))
+        if cluster is None:
+            pytest.fail(f"GHOSTGPU_DEVCLUSTER_STATE={shared}: no running devcluster there")
+        yield cluster
+        return
+    cluster = DevCluster.up(tmp_path_factory.mktemp("devcluster"))
+    try:
+        yield cluster
+    finally:
+        cluster.down()
+
+
+@pytest.fixture(scope="session")
+def kubeconfig(devcluster: DevCluster) -> Path:
+    return devcluster.kubeconfig
+
+
+@pytest.fixture
+def make_namespace(devcluster: DevCluster) -> Iterator[Callable[..., str]]:
+    created: list[str] = []
+
+    def make(labels: dict[str, str] | None = None, prefix: str = "t") -> str:
+        name = f"{prefix}-{uuid.uuid4().hex[:8]}"
+        devcluster.kube.apply(
+            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": labels or {}}}
+        )
+        created.append(name)
+        return name
+
+    yield make
+    for name in created:
+        devcluster.kube.delete("v1", "Namespace", name)
+
+
+@pytest.fixture
+def namespace(make_namespace: Callable[..., str]) -> str:
+    return make_namespace()
+
+
+@pytest.fixture
+def process_tables(devcluster: DevCluster) -> ProcessTables:
+    return devcluster.process_tables
+
+
+@pytest.fixture
+def dcgm(devcluster: DevCluster) -> Iterator[FakeDcgmClient]:
+    if "prometheus" not in devcluster.state.addons:
+        pytest.skip("this devcluster runs without Prometheus and the fake dcgm-exporter")
+    client = devcluster.dcgm
+    client.clear()
+    yield client
+    client.clear()
+
+
+@pytest.fixture
+def prometheus_url(devcluster: DevCluster) -> str:
+    return devcluster.state.prometheus_url

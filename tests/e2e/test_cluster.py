@@ -1,0 +1,144 @@
+"""The devcluster itself: control plane version, kwok GPU nodes, scheduling, the exec path with
+scripted process tables, and fake dcgm-exporter metrics scraped by the real Prometheus."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+import pytest
+from kubernetes import client
+
+from ghostgpu.devcluster import DevCluster, FakeDcgmClient, ProcessRow, ProcessTables
+from ghostgpu.devcluster.paths import read_versions
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
+
+
+def _core(dc: DevCluster) -> client.CoreV1Api:
+    return client.CoreV1Api(dc.kube.api_client)
+
+
+def eventually(check: Callable[[], Any], timeout: float = 60, what: str = "condition") -> Any:
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        try:
+            last = check()
+            if last:
+                return last
+        except Exception as e:  # not there yet
+            last = e
+        time.sleep(0.5)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}; last: {last!r}")
+
+
+def gpu_pod(name: str, gpus: int = 1, resource: str = "nvidia.com/gpu") -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name},
+        "spec": {
+            "containers": [
+                {"name": "main", "image": "busybox", "resources": {"limits": {resource: str(gpus)}}}
+            ],
+            "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+        },
+    }
+
+
+def running_pod(dc: DevCluster, ns: str, manifest: dict[str, Any]) -> client.V1Pod:
+    _core(dc).create_namespaced_pod(ns, manifest)
+    name = manifest["metadata"]["name"]
+    return eventually(
+        lambda: (p := _core(dc).read_namespaced_pod(name, ns)).status.phase == "Running" and p,
+        what=f"pod {ns}/{name} Running",
+    )
+
+
+def test_apiserver_reports_the_pinned_release(devcluster: DevCluster) -> None:
+    info = client.VersionApi(devcluster.kube.api_client).get_code()
+    assert info.git_version == read_versions()["KUBERNETES_VERSION"]
+
+
+def test_kwok_gpu_nodes_are_ready_with_gpu_and_mig_capacity(devcluster: DevCluster) -> None:
+    nodes = {n.metadata.name: n for n in _core(devcluster).list_node().items}
+    assert set(devcluster.state.nodes) <= set(nodes)
+    for name in devcluster.state.nodes:
+        n = nodes[name]
+        assert any(c.type == "Ready" and c.status == "True" for c in n.status.conditions), name
+        assert any(t.key == "nvidia.com/gpu" for t in n.spec.taints or []), name
+    assert nodes["gpu-a100-0"].status.allocatable["nvidia.com/gpu"] == "8"
+    assert nodes["gpu-a100-0"].metadata.labels["nvidia.com/gpu.product"] == "NVIDIA-A100-SXM4-80GB"
+    assert nodes["gpu-mig-0"].status.allocatable["nvidia.com/mig-1g.10gb"] == "14"
+    assert "nvidia.com/gpu" not in nodes["gpu-mig-0"].status.allocatable
+
+
+def test_gpu_pods_are_scheduled_onto_matching_kwok_nodes(devcluster: DevCluster, namespace: str) -> None:
+    whole = running_pod(devcluster, namespace, gpu_pod("whole", gpus=2))
+    assert whole.spec.node_name in {"gpu-a100-0", "gpu-a100-1", "gpu-h100-0"}
+    mig = running_pod(devcluster, namespace, gpu_pod("mig", resource="nvidia.com/mig-1g.10gb"))
+    assert mig.spec.node_name == "gpu-mig-0"
+    # More GPUs than any node has: the real scheduler must leave it Pending.
+    _core(devcluster).create_namespaced_pod(namespace, gpu_pod("too-big", gpus=9))
+    time.sleep(3)
+    p = _core(devcluster).read_namespaced_pod("too-big", namespace)
+    assert p.status.phase == "Pending" and not p.spec.node_name
+
+
+def test_exec_through_the_apiserver_prints_the_scripted_process_table(
+    devcluster: DevCluster, namespace: str, process_tables: ProcessTables
+) -> None:
+    running_pod(devcluster, namespace, gpu_pod("worker"))
+    with pytest.raises(RuntimeError, match=r"no exec found|failed"):
+        process_tables.probe(namespace, "worker")  # nothing scripted: the probe must fail
+    rows = [ProcessRow(pid=1, stat="Ss", comm="python"), ProcessRow(pid=42, stat="Z", comm="dataloader")]
+    process_tables.set(namespace, "worker", rows)
+    out = process_tables.probe(namespace, "worker")
+    assert out.splitlines() == ["    PID STAT COMMAND", "      1 Ss   python", "     42 Z    dataloader"]
+    process_tables.set(namespace, "worker", [ProcessRow(pid=1, stat="S", comm="sleep")])
+    assert process_tables.probe(namespace, "worker").splitlines()[1:] == ["      1 S    sleep"]
+    process_tables.set(namespace, "worker", "boom\n", exit_code=3)
+    with pytest.raises(RuntimeError, match="exit"):
+        process_tables.probe(namespace, "worker")
+    process_tables.clear(namespace, "worker")
+
+    def probe_fails() -> bool:
+        try:
+            process_tables.probe(namespace, "worker")
+        except RuntimeError:
+            return True
+        return False
+
+    eventually(probe_fails, timeout=20, what="probe to fail again after clear")
+
+
+def _prom_value(url: str, query: str) -> list[dict[str, Any]]:
+    r = httpx.get(f"{url}/api/v1/query", params={"query": query}, timeout=5)
+    r.raise_for_status()
+    return list(r.json()["data"]["result"])
+
+
+def test_fake_dcgm_metrics_reach_prometheus(dcgm: FakeDcgmClient, prometheus_url: str) -> None:
+    dcgm.set("team-a", "nb-0", util=37, fb_used_mib=2048, xid=0, node="gpu-a100-1", gpu=3)
+    series = eventually(
+        lambda: _prom_value(prometheus_url, 'DCGM_FI_DEV_GPU_UTIL{namespace="team-a",pod="nb-0"} == 37'),
+        timeout=30,
+        what="utilization 37 in Prometheus",
+    )
+    labels = series[0]["metric"]
+    assert labels["container"] == "main" and labels["Hostname"] == "gpu-a100-1" and labels["gpu"] == "3"
+    assert labels["UUID"].startswith("GPU-") and labels["modelName"]
+    fb = _prom_value(prometheus_url, 'DCGM_FI_DEV_FB_USED{namespace="team-a",pod="nb-0"}')
+    assert fb[0]["value"][1] == "2048"
+    dcgm.set("team-a", "nb-0", util=0, xid=79)
+    eventually(
+        lambda: (
+            _prom_value(prometheus_url, 'DCGM_FI_DEV_XID_ERRORS{pod="nb-0"} == 79')
+            and _prom_value(prometheus_url, 'DCGM_FI_DEV_GPU_UTIL{pod="nb-0"} == 0')
+        ),
+        timeout=30,
+        what="xid 79 and utilization 0 in Prometheus",
+    )
