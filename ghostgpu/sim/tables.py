@@ -88,7 +88,7 @@ def kind_matrix_rows(result: BenchResult) -> tuple[list[str], list[tuple[str, ..
     matrix = result.beyond.ghostgpu_kind_matrix
     kinds = ["ACTIVE", "IDLE_HELD", "UNKNOWN", "FINISHED_IDLE", "ZOMBIE_CRASHED"]
     rows = [(truth, *(f"{matrix[truth].get(k, 0):,}" for k in kinds)) for truth in matrix]
-    return ["ground truth \\ ghostgpu verdict", *kinds], rows
+    return ["ground truth / ghostgpu verdict", *kinds], rows
 
 
 def fault_rows(result: BenchResult) -> list[tuple[str, ...]]:
@@ -119,7 +119,7 @@ def fault_summary(result: BenchResult) -> str:
     f = result.faults
     assert f is not None
     return (
-        f"Injected at rate {f.rate:g}: {f.failed_utilization_samples:,} failed utilization samples, "
+        f"Fault rate {f.rate:g}: {f.failed_utilization_samples:,} failed utilization samples, "
         f"{f.failed_process_listings:,} failed process listings, "
         f"{f.failed_artifact_reads:,} failed artifact reads."
     )
@@ -144,7 +144,7 @@ def rich_tables(result: BenchResult) -> list[Table | str]:
 
     headers, mrows = kind_matrix_rows(result)
     matrix = Table(title="Beyond the publication: the default rule's verdicts", title_justify="left")
-    matrix.add_column("truth \\ verdict", no_wrap=True)
+    matrix.add_column("truth / verdict", no_wrap=True)
     for h in headers[1:]:
         matrix.add_column(h.replace("_", " "), justify="right")
     for row in mrows:
@@ -180,7 +180,7 @@ def markdown(result: BenchResult) -> str:
     lines += ["", "Beyond the publication: the default rule's verdicts on the same fleet.", ""]
     headers, rows = kind_matrix_rows(result)
     lines += _md_table(headers, rows)
-    lines += ["", *(f"{line}" for line in beyond_lines(result))]
+    lines += ["", *(f"- {line}" for line in beyond_lines(result))]
     if result.faults is not None:
         lines += ["", f"Under injected signal faults. {fault_summary(result)}", ""]
         lines += _md_table(FAULT_HEADERS, fault_rows(result))
