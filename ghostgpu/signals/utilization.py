@@ -16,6 +16,8 @@ import re
 from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from string import Template
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -30,7 +32,12 @@ _PROM_METRIC = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
 
 
 class QuerySpec(BaseModel):
-    """What to query and how series map to pods. Presets below; everything overridable in config."""
+    """What to query and how series map to pods (built from the config's metrics preset).
+
+    `utilization_query` / `xid_query` are the config's `string.Template` PromQL with placeholders
+    ${namespace_label} ${pod_label} ${namespaces} ${pods} ${utilization_metric} ${xid_metric}
+    ${framebuffer_metric}; None uses the built-in `max by (namespace, pod)` form.
+    """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -41,36 +48,26 @@ class QuerySpec(BaseModel):
     # Readings are percent (0-100); ratio metrics such as DCGM_FI_PROF_GR_ENGINE_ACTIVE use 100.
     scale: float = Field(1.0, gt=0)
     xid_metric: str | None = Field(None, pattern=_PROM_METRIC.pattern)
+    framebuffer_metric: str = ""
+    utilization_query: str | None = None
+    xid_query: str | None = None
     # A sample older than this (seconds, relative to the query's evaluation time) is STALE.
     max_sample_age: float = Field(120.0, gt=0)
 
-
-PRESETS: dict[str, QuerySpec] = {
-    # dcgm-exporter scraped through a ServiceMonitor without honorLabels: the pod's own labels
-    # become exported_pod / exported_namespace (pod/namespace are the exporter's).
-    "dcgm": QuerySpec(
-        metric="DCGM_FI_DEV_GPU_UTIL",
-        pod_label="exported_pod",
-        namespace_label="exported_namespace",
-        gpu_label="gpu",
-        xid_metric="DCGM_FI_DEV_XID_ERRORS",
-    ),
-    "dcgm-prof": QuerySpec(
-        metric="DCGM_FI_PROF_GR_ENGINE_ACTIVE",
-        pod_label="exported_pod",
-        namespace_label="exported_namespace",
-        gpu_label="gpu",
-        scale=100.0,
-        xid_metric="DCGM_FI_DEV_XID_ERRORS",
-    ),
-    # HAMi's vGPU monitor: per-container utilization of each virtual device.
-    "hami": QuerySpec(
-        metric="Device_utilization_desc_of_container",
-        pod_label="podname",
-        namespace_label="podnamespace",
-        gpu_label="deviceuuid",
-    ),
-}
+    @classmethod
+    def from_preset(cls, preset: Any, *, max_sample_age: float) -> QuerySpec:
+        """From `ghostgpu.config.MetricsPreset` (duck-typed: signals do not import the config)."""
+        return cls(
+            metric=preset.utilization_metric,
+            pod_label=preset.pod_label,
+            namespace_label=preset.namespace_label,
+            scale=preset.utilization_scale,
+            xid_metric=preset.xid_metric or None,
+            framebuffer_metric=preset.framebuffer_metric,
+            utilization_query=preset.utilization_query,
+            xid_query=preset.xid_query or None,
+            max_sample_age=max_sample_age,
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,25 +90,43 @@ def _alternation(names: Iterable[str]) -> str:
     return "|".join(n.replace(".", "\\\\.") for n in sorted(set(names)))
 
 
+def _template_vars(spec: QuerySpec, pods: list[PodKey]) -> dict[str, str]:
+    return {
+        "namespace_label": spec.namespace_label,
+        "pod_label": spec.pod_label,
+        "namespaces": _alternation(p.namespace for p in pods),
+        "pods": _alternation(p.name for p in pods),
+        "utilization_metric": spec.metric,
+        "xid_metric": spec.xid_metric or "",
+        "framebuffer_metric": spec.framebuffer_metric,
+    }
+
+
 def build_query(spec: QuerySpec, pods: Iterable[PodKey]) -> str:
     """The one PromQL expression for this poll. Raises ValueError on an invalid pod name."""
     pods = list(pods)
     for p in pods:
         if not (_K8S_NAME.match(p.name) and _K8S_NAME.match(p.namespace)):
             raise ValueError(f"not a Kubernetes name: {p.namespace}/{p.name}")
-    sel = (
-        f'{{{spec.namespace_label}=~"{_alternation(p.namespace for p in pods)}",'
-        f'{spec.pod_label}=~"{_alternation(p.name for p in pods)}"}}'
-    )
+    variables = _template_vars(spec, pods)
+    sel = Template('{${namespace_label}=~"${namespaces}", ${pod_label}=~"${pods}"}').substitute(variables)
     by = f"{spec.namespace_label}, {spec.pod_label}"
-    util = f"max by ({by}) ({spec.metric}{sel})"
+    if spec.utilization_query:
+        util = Template(spec.utilization_query).substitute(variables)
+    else:
+        util = f"max by ({by}) ({spec.metric}{sel})"
     if spec.scale != 1.0:
         util = f"({util}) * {spec.scale:g}"
+    # timestamp() only reports a sample's own time on a plain selector, so staleness is read from
+    # the metric itself, whatever the utilization template aggregates.
     parts = [
         f'label_replace({util}, "{FIELD_LABEL}", "util", "", "")',
         f'label_replace(min by ({by}) (timestamp({spec.metric}{sel})), "{FIELD_LABEL}", "ts", "", "")',
     ]
-    if spec.xid_metric:
+    if spec.xid_query:
+        xid = Template(spec.xid_query).substitute(variables)
+        parts.append(f'label_replace(({xid}) > 0, "{FIELD_LABEL}", "xid", "", "")')
+    elif spec.xid_metric:
         parts.append(
             f"label_replace(max by ({by}, {spec.gpu_label}) ({spec.xid_metric}{sel} > 0), "
             f'"{FIELD_LABEL}", "xid", "", "")'
@@ -123,6 +138,8 @@ def readings_from_samples(
     spec: QuerySpec, pods: Iterable[PodKey], eval_time: float, samples: Sequence[VectorSample]
 ) -> dict[PodKey, PodReading]:
     """Turn the query's series into one reading per requested pod (pure; tested without HTTP)."""
+    pods = list(pods)
+    wanted = set(pods)
     util: dict[PodKey, float] = {}
     stamp: dict[PodKey, float] = {}
     xids: dict[PodKey, list[XidEvent]] = {}
@@ -134,6 +151,9 @@ def readings_from_samples(
         elif kind == "ts":
             stamp[key] = s.value
         elif kind == "xid" and s.value > 0:
+            if key not in wanted:
+                # An XID template may use the exporter's own namespace/pod labels (HAMi preset).
+                key = PodKey(s.labels.get("namespace", ""), s.labels.get("pod", ""))
             xids.setdefault(key, []).append(XidEvent(code=int(s.value), gpu=s.labels.get(spec.gpu_label, "")))
     out: dict[PodKey, PodReading] = {}
     for key in pods:

@@ -14,10 +14,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
+from ghostgpu.config import MetricsConfig, MetricsPreset
 from ghostgpu.signals.prometheus import PrometheusClient, PrometheusError, parse_vector
 from ghostgpu.signals.utilization import (
     FIELD_LABEL,
-    PRESETS,
     PodKey,
     PodReading,
     QuerySpec,
@@ -29,7 +29,7 @@ from ghostgpu.signals.utilization import (
 from ghostgpu.verdict import FailureReason, SignalFailure
 
 NOW = 1_760_000_000.0
-SPEC = QuerySpec(metric="DCGM_FI_DEV_GPU_UTIL", xid_metric="DCGM_FI_DEV_XID_ERRORS", max_sample_age=60)
+SPEC = QuerySpec.from_preset(MetricsConfig().dcgm, max_sample_age=60)
 
 
 @dataclass
@@ -102,15 +102,38 @@ def test_query_is_one_expression_for_all_pods_with_escaped_names() -> None:
     assert 'namespace=~"team-a|team-b"' in q
     assert "DCGM_FI_DEV_XID_ERRORS{" in q and "> 0" in q
     assert q.count(" or ") == 2
+    assert "timestamp(DCGM_FI_DEV_GPU_UTIL{" in q
 
 
 def test_query_uses_label_mapping_and_scale() -> None:
-    q = build_query(PRESETS["dcgm-prof"], [A])
+    exported = MetricsPreset.model_validate(
+        MetricsConfig().dcgm.model_dump()
+        | {"namespace_label": "exported_namespace", "pod_label": "exported_pod", "utilization_scale": 100.0}
+    )
+    q = build_query(QuerySpec.from_preset(exported, max_sample_age=60), [A])
     assert 'exported_pod=~"train-0"' in q and 'exported_namespace=~"team-a"' in q
     assert "max by (exported_namespace, exported_pod)" in q and "* 100" in q
-    hami = build_query(PRESETS["hami"], [A])
+    hami = build_query(QuerySpec.from_preset(MetricsConfig().hami, max_sample_age=60), [A])
     assert "Device_utilization_desc_of_container{" in hami and 'podname=~"train-0"' in hami
-    assert "XID" not in hami  # HAMi has no XID metric: no third series
+
+
+async def test_exported_labels_and_hami_xid_labels_map_back_to_pods(prom: tuple[str, Canned]) -> None:
+    url, canned = prom
+    spec = QuerySpec.from_preset(MetricsConfig().hami, max_sample_age=60)
+    canned.body = success(
+        {
+            "metric": {FIELD_LABEL: "util", "podnamespace": "team-a", "podname": "train-0"},
+            "value": [NOW, "0"],
+        },
+        {
+            "metric": {FIELD_LABEL: "ts", "podnamespace": "team-a", "podname": "train-0"},
+            "value": [NOW, str(NOW)],
+        },
+        # HAMi's XID comes from dcgm-exporter, labelled namespace/pod
+        {"metric": {FIELD_LABEL: "xid", "namespace": "team-a", "pod": "train-0"}, "value": [NOW, "48"]},
+    )
+    out = await poll(url, [A], spec=spec)
+    assert out[A].utilization == 0.0 and [x.code for x in out[A].xids] == [48]
 
 
 def test_query_rejects_a_name_that_could_inject_promql() -> None:
@@ -121,6 +144,8 @@ def test_query_rejects_a_name_that_could_inject_promql() -> None:
 def test_spec_rejects_label_names_that_are_not_labels() -> None:
     with pytest.raises(ValueError):
         QuerySpec(metric="DCGM_FI_DEV_GPU_UTIL", pod_label='pod"}')
+    with pytest.raises(ValueError):
+        QuerySpec(metric="up or vector(1)")
 
 
 # --- parsing through the real HTTP path -----------------------------------------------------------
