@@ -33,6 +33,26 @@ def main(
 
 # --- render (issue 2) ---
 
+
+_RENDER_CONFIG = typer.Option(
+    None, "-c", "--config", help="ghostgpu.yaml to render (default: the embedded examples/ghostgpu.yaml)."
+)
+_RENDER_OUT = typer.Option(..., "-o", "--out", help="Directory that receives policies/, kueue/, controller/.")
+_RENDER_CHECK = typer.Option(False, "--check", help="Write nothing; exit 1 with a diff if OUT is stale.")
+
+
+@app.command()
+def render(
+    config: Path | None = _RENDER_CONFIG, out: Path = _RENDER_OUT, check: bool = _RENDER_CHECK
+) -> None:
+    """Render the Kyverno, Kueue and controller GitOps bundles from one cluster file."""
+    from ghostgpu.render import run_render_command
+
+    code = run_render_command(config, out, check, echo=typer.echo)
+    if code:
+        raise typer.Exit(code)
+
+
 # --- bench (issue 3) ---
 
 # A group so that `bench scale` (issue 7) can join; plain `ghostgpu bench` runs the detectors.
@@ -115,3 +135,7 @@ from ghostgpu.devcluster.cli import app as _devcluster_app  # noqa: E402 (typer 
 app.add_typer(_devcluster_app, name="devcluster")
 
 # --- controller, status, report, restore (issue 5) ---
+
+
+if __name__ == "__main__":
+    app()
