@@ -16,6 +16,7 @@ decides) from an `ACTIVE` job in a short batch gap (dataloader stall, checkpoint
 
 from __future__ import annotations
 
+import json
 from enum import StrEnum
 from typing import Annotated, Literal
 
@@ -228,6 +229,20 @@ class Verdict(_Frozen):
     @property
     def reclaimable(self) -> bool:
         return self.kind in RECLAIMABLE_KINDS
+
+    def to_annotation(self) -> str:
+        """Compact, key-sorted JSON for the `ghostgpu.io/evidence` annotation (stable bytes)."""
+        return json.dumps(
+            {
+                "kind": self.kind.value,
+                "rule": self.rule.value,
+                "reasons": [r.value for r in self.reasons],
+                "live": self.live_processes,
+                "defunct": self.defunct_processes,
+            },
+            separators=(",", ":"),
+            sort_keys=True,
+        )
 
 
 # --- the decision --------------------------------------------------------------------------------

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from pydantic import ValidationError
 
@@ -360,3 +362,14 @@ def test_evidence_and_verdict_are_immutable() -> None:
     v = decide(e)
     with pytest.raises(ValidationError):
         v.kind = VerdictKind.ACTIVE  # type: ignore[misc]
+
+
+def test_annotation_is_compact_stable_json() -> None:
+    v = decide(ev(processes=(ZOMBIE,)))
+    text = v.to_annotation()
+    assert text == decide(ev(processes=(ZOMBIE,))).to_annotation()
+    data = json.loads(text)
+    assert data["kind"] == "ZOMBIE_CRASHED" and data["rule"] == "ghostgpu"
+    assert "defunct-only" in data["reasons"]
+    assert (data["live"], data["defunct"]) == (0, 1)
+    assert " " not in text
