@@ -129,6 +129,41 @@ def bench_detectors(
 
 # --- calibrate (issue 6) ---
 
+_CAL_INCIDENTS = typer.Option(
+    None, "--incidents", help="YAML/CSV rows: manifest, action, incident_type, dangerous (default: built-in)."
+)
+_CAL_CONFIG = typer.Option(
+    None, "-c", "--config", help="ghostgpu.yaml whose controller.autonomy weights score the events."
+)
+_CAL_CEILING = typer.Option(None, "--ceiling", min=0.0, max=1.0, help="Max catastrophic rate [0.02].")
+_CAL_FAST = typer.Option(None, "--autonomous-latency", min=0.001, help="Seconds to repair acting alone [40].")
+_CAL_SLOW = typer.Option(None, "--escalation-latency", min=0.001, help="Seconds to repair escalated [1200].")
+_CAL_STEP = typer.Option(None, "--step", min=0.001, max=1.0, help="tau grid step [0.025].")
+_CAL_JSON = typer.Option(False, "--json", help="Print the full result as JSON.")
+_CAL_PLOT = typer.Option(None, "--plot", help="Write MTTR reduction and catastrophic rate vs tau (PNG).")
+
+
+@app.command()
+def calibrate(
+    incidents: Path | None = _CAL_INCIDENTS,
+    config: Path | None = _CAL_CONFIG,
+    ceiling: float | None = _CAL_CEILING,
+    autonomous_latency: float | None = _CAL_FAST,
+    escalation_latency: float | None = _CAL_SLOW,
+    step: float | None = _CAL_STEP,
+    as_json: bool = _CAL_JSON,
+    plot: Path | None = _CAL_PLOT,
+) -> None:
+    """Choose the risk-gate thresholds: sweep tau, keep the catastrophic rate under the ceiling."""
+    from ghostgpu.calibration.command import run_calibrate_command
+
+    code = run_calibrate_command(
+        incidents, config, ceiling, autonomous_latency, escalation_latency, step, as_json, plot, typer.echo
+    )
+    if code:
+        raise typer.Exit(code)
+
+
 # --- devcluster (issue 4) ---
 from ghostgpu.devcluster.cli import app as _devcluster_app  # noqa: E402 (typer + stdlib at import)
 
