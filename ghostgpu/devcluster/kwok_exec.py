@@ -25,8 +25,10 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+import yaml
 from kubernetes import client
 from kubernetes.stream import stream
+from kubernetes.stream.ws_client import ERROR_CHANNEL
 from pydantic import BaseModel, Field
 
 from ghostgpu.devcluster.kube import Kube
@@ -136,10 +138,14 @@ class ProcessTables:
         )
         resp.run_forever(timeout=10)
         out, err = resp.read_stdout(), resp.read_stderr()
-        code = resp.returncode
+        status = yaml.safe_load(resp.read_channel(ERROR_CHANNEL) or "{}") or {}
         resp.close()
-        if code not in (0, None) or (code is None and err):
-            raise RuntimeError(f"exec in {namespace}/{pod} failed (exit {code}): {err.strip()}")
+        if status.get("status") != "Success":
+            # NonZeroExitCode carries the code in details.causes; anything else is an exec error.
+            causes = (status.get("details") or {}).get("causes") or []
+            code = next((c.get("message") for c in causes if c.get("reason") == "ExitCode"), None)
+            detail = err.strip() or status.get("message", "no status from the exec stream")
+            raise RuntimeError(f"exec in {namespace}/{pod} failed (exit {code}): {detail}")
         return str(out)
 
     def _wait_visible(

@@ -40,9 +40,6 @@ def _skip_reason() -> str | None:
 
 @pytest.fixture(scope="session")
 def devcluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevCluster]:
-    reason = _skip_reason()
-    if reason:
-        pytest.skip(reason)
     shared = os.environ.get("GHOSTGPU_DEVCLUSTER_STATE")
     if shared:
         cluster = DevCluster.attach(Path(shared))
@@ -50,6 +47,9 @@ def devcluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevCluster]
             pytest.fail(f"GHOSTGPU_DEVCLUSTER_STATE={shared}: no running devcluster there")
         yield cluster
         return
+    reason = _skip_reason()
+    if reason:
+        pytest.skip(reason)
     cluster = DevCluster.up(tmp_path_factory.mktemp("devcluster"))
     try:
         yield cluster
