@@ -37,9 +37,10 @@ def pp(value: float | None) -> str:
 def headline(result: BenchResult) -> str:
     c = result.config
     seeds = c.seed_list
+    named = f"seed {seeds[0]}" if len(seeds) == 1 else f"seeds {seeds[0]}-{seeds[-1]}"
+    plural = "seed" if c.seeds == 1 else "seeds"
     return (
-        f"{c.total_instances:,} instances = {c.seeds} seeds x {c.instances:,} "
-        f"(seeds {seeds[0]}-{seeds[-1]}), window {c.window}"
+        f"{c.total_instances:,} instances = {c.seeds} {plural} x {c.instances:,} ({named}), window {c.window}"
     )
 
 

@@ -184,3 +184,11 @@ def test_readme_table_is_the_command_output(faulty: BenchResult) -> None:
     assert BEGIN in text and END in text, "README bench section markers missing"
     block = text.split(BEGIN, 1)[1].split(END, 1)[0]
     assert block.strip() == markdown(faulty).strip()
+
+
+def test_published_figures_only_beside_the_configuration_they_were_measured_at() -> None:
+    result = run_bench(BenchConfig(seeds=1, instances=200, window=3))
+    assert result.detector("single-util").published is not None  # one sample, whatever the window
+    assert result.detector("window-util").published is None
+    assert result.detector("paper-multi-signal").published is None
+    assert [d.window for d in result.detectors] == [1, 3, 3, 3]
