@@ -412,13 +412,13 @@ def _bool(value: Any, where: str, key: str) -> bool:
 
 
 def _number(value: Any, where: str, key: str, integer: bool) -> float:
+    kind = "a whole number" if integer else "a number"
     try:
         number = int(str(value).strip()) if integer else float(str(value).strip())
     except ValueError:
-        kind = "a whole number" if integer else "a number"
-        raise IncidentFileError(f"{where}: {key}: expected {kind} >= 0, got {value!r}") from None
-    if number < 0:
-        raise IncidentFileError(f"{where}: {key}: expected a number >= 0, got {value!r}")
+        number = -1
+    if number < 0 or number != number:  # negative, unparsable or NaN
+        raise IncidentFileError(f"{where}: {key}: expected {kind} >= 0, got {value!r}")
     return number
 
 
