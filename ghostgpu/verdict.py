@@ -266,7 +266,7 @@ def decide(evidence: Evidence, policy: VerdictPolicy | None = None) -> Verdict:
     """The verdict for one workload over one window. Pure: same input, same output."""
     policy = policy or VerdictPolicy()
     rule = policy.rule
-    required = policy.required & RULE_SIGNALS[rule]
+    required = policy.required & RULE_SIGNALS[rule]  # a rule never waits on a signal it ignores
 
     def verdict(
         kind: VerdictKind, *reasons: Reason, live: int | None = None, dead: int | None = None
@@ -288,14 +288,13 @@ def decide(evidence: Evidence, policy: VerdictPolicy | None = None) -> Verdict:
     # 2. The window is all zero. Any failed required signal now means "cannot prove idle".
     failed: list[Reason] = []
     procs = evidence.processes
-    uses_faults = Signal.FAULTS in RULE_SIGNALS[rule]
     if isinstance(procs, SignalFailure) and Signal.PROCESSES in required:
         failed.append(Reason.PROCESSES_FAILED)
     elif procs is None and Signal.PROCESSES in required:
         failed.append(Reason.PROCESSES_NOT_COLLECTED)
     if isinstance(evidence.artifacts, SignalFailure) and Signal.ARTIFACTS in required:
         failed.append(Reason.ARTIFACTS_FAILED)
-    if uses_faults and isinstance(evidence.faults, SignalFailure) and Signal.FAULTS in required:
+    if isinstance(evidence.faults, SignalFailure) and Signal.FAULTS in required:
         failed.append(Reason.FAULTS_FAILED)
     if failed:
         return verdict(VerdictKind.UNKNOWN, Reason.UTILIZATION_ZERO, *failed)
