@@ -35,9 +35,9 @@ class GpuSample(BaseModel):
     namespace: str
     pod: str
     container: str = "main"
-    node: str = "gpu-a100-0"
+    node: str = "gpu-h100-0"
     gpu: int = Field(default=0, ge=0)
-    model: str = "NVIDIA A100-SXM4-80GB"
+    model: str = "NVIDIA H100 80GB HBM3"
     values: dict[str, float] = Field(default_factory=dict)
 
     def key(self) -> tuple[str, str, str, int]:
@@ -162,7 +162,7 @@ class FakeDcgmClient:
         fb_used_mib: float | None = None,
         xid: float | None = None,
         container: str = "main",
-        node: str = "gpu-a100-0",
+        node: str = "gpu-h100-0",
         gpu: int = 0,
     ) -> None:
         values = {

@@ -3,13 +3,18 @@ taints of the config's flavors, and the annotation that tells our kwok instance 
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
+import yaml
 from pydantic import BaseModel, Field
+
+from ghostgpu.devcluster.paths import REPO_ROOT
 
 KWOK_NODE_ANNOTATION = "kwok.x-k8s.io/node"
 KWOK_NODE_ANNOTATION_VALUE = "fake"
 GPU_RESOURCE = "nvidia.com/gpu"
+EXAMPLE_CONFIG = REPO_ROOT / "examples" / "ghostgpu.yaml"
 
 
 class Taint(BaseModel):
@@ -32,28 +37,37 @@ class GpuNodeSpec(BaseModel):
     pods: int = 110
 
 
-def default_nodes() -> list[GpuNodeSpec]:
-    """Two A100 nodes, one H100 node and one A100 node partitioned into MIG 1g.10gb slices; labels
-    follow the NVIDIA GPU operator's (nvidia.com/gpu.product, nvidia.com/mig.config)."""
-    gpu_taint = [Taint(key="nvidia.com/gpu", value="present")]
-    a100 = {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB", "nvidia.com/gpu.count": "8"}
-    return [
-        GpuNodeSpec(name="gpu-a100-0", gpus=8, labels=a100, taints=gpu_taint),
-        GpuNodeSpec(name="gpu-a100-1", gpus=8, labels=a100, taints=gpu_taint),
-        GpuNodeSpec(
-            name="gpu-h100-0",
-            gpus=8,
-            labels={"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3", "nvidia.com/gpu.count": "8"},
-            taints=gpu_taint,
-        ),
-        GpuNodeSpec(
-            name="gpu-mig-0",
-            gpus=0,
-            extended={"nvidia.com/mig-1g.10gb": 14},
-            labels={**a100, "nvidia.com/mig.config": "all-1g.10gb"},
-            taints=gpu_taint,
-        ),
-    ]
+def nodes_for_flavors(flavors: list[dict[str, Any]], per_flavor: int = 2) -> list[GpuNodeSpec]:
+    """`per_flavor` nodes for each flavor of a ghostgpu.yaml: its nodeLabels and nodeTaints, and 8
+    units of its resource (whole GPUs), or 14 slices for a MIG profile (2 A100s x 7)."""
+    out: list[GpuNodeSpec] = []
+    for f in flavors:
+        try:
+            name, resource = str(f["name"]), str(f["resource"])
+        except KeyError as e:
+            raise ValueError(f"flavor {f!r}: missing key {e.args[0]!r}") from e
+        taints = [Taint.model_validate(t) for t in f.get("nodeTaints") or []]
+        labels = {str(k): str(v) for k, v in (f.get("nodeLabels") or {}).items()}
+        for i in range(per_flavor):
+            if resource == GPU_RESOURCE:
+                spec = GpuNodeSpec(name=f"gpu-{name}-{i}", gpus=8, labels=labels, taints=taints)
+            else:
+                spec = GpuNodeSpec(
+                    name=f"gpu-{name}-{i}", gpus=0, extended={resource: 14}, labels=labels, taints=taints
+                )
+            out.append(spec)
+    return out
+
+
+def default_nodes(config: Path = EXAMPLE_CONFIG) -> list[GpuNodeSpec]:
+    """The flavors of examples/ghostgpu.yaml (the configuration the rendered bundles come from)."""
+    if not config.is_file():
+        raise FileNotFoundError(f"{config}: missing; pass the node list explicitly")
+    doc = yaml.safe_load(config.read_text()) or {}
+    flavors = doc.get("flavors")
+    if not isinstance(flavors, list) or not flavors:
+        raise ValueError(f"{config}: expected a non-empty `flavors` list")
+    return nodes_for_flavors(flavors)
 
 
 def node_manifest(spec: GpuNodeSpec) -> dict[str, Any]:

@@ -44,7 +44,7 @@ def gpu_pod(name: str, gpus: int = 1, resource: str = "nvidia.com/gpu") -> dict[
             "containers": [
                 {"name": "main", "image": "busybox", "resources": {"limits": {resource: str(gpus)}}}
             ],
-            "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+            "tolerations": [{"operator": "Exists", "effect": "NoSchedule"}],
         },
     }
 
@@ -70,17 +70,21 @@ def test_kwok_gpu_nodes_are_ready_with_gpu_and_mig_capacity(devcluster: DevClust
         n = nodes[name]
         assert any(c.type == "Ready" and c.status == "True" for c in n.status.conditions), name
         assert any(t.key == "nvidia.com/gpu" for t in n.spec.taints or []), name
-    assert nodes["gpu-a100-0"].status.allocatable["nvidia.com/gpu"] == "8"
-    assert nodes["gpu-a100-0"].metadata.labels["nvidia.com/gpu.product"] == "NVIDIA-A100-SXM4-80GB"
-    assert nodes["gpu-mig-0"].status.allocatable["nvidia.com/mig-1g.10gb"] == "14"
-    assert "nvidia.com/gpu" not in nodes["gpu-mig-0"].status.allocatable
+    # One node pair per flavor of examples/ghostgpu.yaml: its labels, taints and resource.
+    h100, mig = nodes["gpu-h100-0"], nodes["gpu-mig-1g-10gb-0"]
+    assert h100.status.allocatable["nvidia.com/gpu"] == "8"
+    assert h100.metadata.labels["nvidia.com/gpu.product"] == "NVIDIA-H100-80GB-HBM3"
+    assert mig.status.allocatable["nvidia.com/mig-1g.10gb"] == "14"
+    assert mig.metadata.labels["nvidia.com/mig.config"] == "all-1g.10gb"
+    assert [t.key for t in mig.spec.taints] == ["nvidia.com/mig"]
+    assert "nvidia.com/gpu" not in mig.status.allocatable
 
 
 def test_gpu_pods_are_scheduled_onto_matching_kwok_nodes(devcluster: DevCluster, namespace: str) -> None:
     whole = running_pod(devcluster, namespace, gpu_pod("whole", gpus=2))
-    assert whole.spec.node_name in {"gpu-a100-0", "gpu-a100-1", "gpu-h100-0"}
+    assert whole.spec.node_name in {"gpu-h100-0", "gpu-h100-1"}
     mig = running_pod(devcluster, namespace, gpu_pod("mig", resource="nvidia.com/mig-1g.10gb"))
-    assert mig.spec.node_name == "gpu-mig-0"
+    assert mig.spec.node_name.startswith("gpu-mig-1g-10gb-")
     # More GPUs than any node has: the real scheduler must leave it Pending.
     _core(devcluster).create_namespaced_pod(namespace, gpu_pod("too-big", gpus=9))
     time.sleep(3)
@@ -122,14 +126,14 @@ def _prom_value(url: str, query: str) -> list[dict[str, Any]]:
 
 
 def test_fake_dcgm_metrics_reach_prometheus(dcgm: FakeDcgmClient, prometheus_url: str) -> None:
-    dcgm.set("team-a", "nb-0", util=37, fb_used_mib=2048, xid=0, node="gpu-a100-1", gpu=3)
+    dcgm.set("team-a", "nb-0", util=37, fb_used_mib=2048, xid=0, node="gpu-h100-1", gpu=3)
     series = eventually(
         lambda: _prom_value(prometheus_url, 'DCGM_FI_DEV_GPU_UTIL{namespace="team-a",pod="nb-0"} == 37'),
         timeout=30,
         what="utilization 37 in Prometheus",
     )
     labels = series[0]["metric"]
-    assert labels["container"] == "main" and labels["Hostname"] == "gpu-a100-1" and labels["gpu"] == "3"
+    assert labels["container"] == "main" and labels["Hostname"] == "gpu-h100-1" and labels["gpu"] == "3"
     assert labels["UUID"].startswith("GPU-") and labels["modelName"]
     fb = _prom_value(prometheus_url, 'DCGM_FI_DEV_FB_USED{namespace="team-a",pod="nb-0"}')
     assert fb[0]["value"][1] == "2048"

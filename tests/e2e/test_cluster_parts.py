@@ -224,3 +224,21 @@ def test_repository_versions_file_pins_every_component() -> None:
     for key in ("ETCD_VERSION", "KUBERNETES_VERSION", "KWOK_VERSION", "KUEUE_VERSION", "KYVERNO_VERSION"):
         assert v[key].startswith("v"), key
     assert sys.version_info >= (3, 11)
+
+
+def test_default_nodes_follow_the_example_config_flavors() -> None:
+    from ghostgpu.devcluster.nodes import EXAMPLE_CONFIG, default_nodes, nodes_for_flavors
+
+    flavors = yaml.safe_load(EXAMPLE_CONFIG.read_text())["flavors"]
+    nodes = default_nodes()
+    assert len(nodes) == 2 * len(flavors)
+    for f in flavors:
+        mine = [n for n in nodes if n.name.startswith(f"gpu-{f['name']}-")]
+        assert len(mine) == 2
+        for n in mine:
+            assert n.labels == f["nodeLabels"]
+            assert [t.key for t in n.taints] == [t["key"] for t in f["nodeTaints"]]
+            resources = node_manifest(n)["status"]["allocatable"]
+            assert int(resources[f["resource"]]) > 0
+    with pytest.raises(ValueError, match="missing key 'resource'"):
+        nodes_for_flavors([{"name": "x"}])
