@@ -360,9 +360,23 @@ def _hami_preset() -> MetricsPreset:
 
 
 class MetricsConfig(Model):
+    """Both presets are always present; a key given under `dcgm:` or `hami:` overrides just that
+    field of the built-in preset (e.g. only namespaceLabel/podLabel)."""
+
     preset: Literal["dcgm", "hami"] = "dcgm"
     dcgm: MetricsPreset = Field(default_factory=_dcgm_preset)
     hami: MetricsPreset = Field(default_factory=_hami_preset)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _merge_over_builtin(cls, raw: Any) -> Any:
+        if not isinstance(raw, dict):
+            return raw
+        merged = dict(raw)
+        for key, builtin in (("dcgm", _dcgm_preset), ("hami", _hami_preset)):
+            if isinstance(raw.get(key), dict):
+                merged[key] = {**builtin().model_dump(by_alias=True), **raw[key]}
+        return merged
 
     @property
     def active(self) -> MetricsPreset:
