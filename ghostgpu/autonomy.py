@@ -24,10 +24,11 @@ and a threshold printed with the same digits compare the way they read.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from enum import StrEnum
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
+import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
@@ -309,6 +310,32 @@ class WorkloadFacts(_Model):
     workload_tenant: str | None = None
     action_tenant: str | None = None
     admission_policy: bool = False
+
+
+_SERVER_METADATA = ("managedFields", "uid", "resourceVersion", "generation", "creationTimestamp", "selfLink")
+_LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"
+
+
+def manifest_lines(obj: Mapping[str, Any]) -> int:
+    """YAML line count of a live object as its owner wrote it, for `WorkloadFacts.manifest_lines`.
+
+    Drops what the API server adds (status, managedFields, uid, resourceVersion, generation,
+    creationTimestamp, selfLink, the last-applied annotation) so that the count does not grow
+    with the object's history. A dump has no blank or comment lines, which is how the
+    calibration counts rendered manifests too.
+    """
+    clean = {k: v for k, v in obj.items() if k != "status"}
+    meta = dict(clean.get("metadata") or {})
+    for key in _SERVER_METADATA:
+        meta.pop(key, None)
+    annotations = {k: v for k, v in (meta.get("annotations") or {}).items() if k != _LAST_APPLIED}
+    if annotations:
+        meta["annotations"] = annotations
+    else:
+        meta.pop("annotations", None)
+    if meta:
+        clean["metadata"] = meta
+    return len(yaml.safe_dump(clean, sort_keys=False, default_flow_style=False).splitlines())
 
 
 class RiskTerm(_Model):

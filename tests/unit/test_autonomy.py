@@ -13,6 +13,7 @@ from ghostgpu.autonomy import (
     WorkloadFacts,
     decide,
     decide_action,
+    manifest_lines,
     normalise_type,
     score,
 )
@@ -152,3 +153,31 @@ def test_partial_action_table_overrides_one_row_and_keeps_the_rest() -> None:
     assert cfg.spec("drain_node") == ActionClassSpec(base_risk=0.6)
     assert cfg.spec("evict_pod") == AutonomyConfig().spec("evict_pod")
     assert score("scale_to_zero", BASE, cfg).score > score("scale_to_zero", BASE).score
+
+
+def test_manifest_lines_ignores_what_the_api_server_adds() -> None:
+    written = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": "nb", "namespace": "a", "annotations": {"ghostgpu.io/artifacts": "s3://b/p"}},
+        "spec": {"replicas": 1, "template": {"spec": {"containers": [{"name": "c", "image": "i"}]}}},
+    }
+    live = {
+        **written,
+        "metadata": {
+            **written["metadata"],
+            "uid": "u",
+            "resourceVersion": "42",
+            "generation": 3,
+            "creationTimestamp": "2026-01-01T00:00:00Z",
+            "managedFields": [{"manager": "kubectl", "fieldsV1": {"f:spec": {"f:replicas": {}}}}],
+            "annotations": {
+                **written["metadata"]["annotations"],
+                "kubectl.kubernetes.io/last-applied-configuration": "{}",
+            },
+        },
+        "status": {"replicas": 1, "conditions": [{"type": "Available", "status": "True"}]},
+    }
+    assert manifest_lines(live) == manifest_lines(written) > 5
+    bigger = {**written, "spec": {**written["spec"], "strategy": {"type": "Recreate"}}}
+    assert manifest_lines(bigger) == manifest_lines(written) + 2
