@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -137,3 +139,29 @@ def test_per_type_never_worse_than_global_and_both_respect_the_ceiling(events, c
     f = r.frontier
     assert (f[0].catastrophic_rate, f[0].mttr_reduction) == (0.0, 0.0)
     assert f[-1].mttr_reduction == pytest.approx(1 - 40 / 1200)
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.lists(st.builds(ev, st.sampled_from(["a", "b", "c"]), scores, st.booleans()), min_size=1, max_size=14),
+    st.sampled_from([0.0, 0.1, 0.2, 0.5]),
+)
+def test_per_type_choice_is_optimal_by_brute_force(events, ceiling) -> None:
+    # Every combination of effective per-type taus (one above each distinct score, plus 0).
+    r = calibrate(events, CalibrationSettings(ceiling=ceiling))
+    types = sorted({e.incident_type for e in events})
+    dangerous = sum(e.dangerous for e in events)
+
+    def options(t: str) -> list[tuple[int, int]]:
+        mine = [e for e in events if e.incident_type == t]
+        cuts = [0.0, *sorted({e.score + 1e-9 for e in mine})]
+        return [
+            (sum(e.score < c for e in mine), sum(e.dangerous and e.score < c for e in mine)) for c in cuts
+        ]
+
+    best = 0
+    for combo in itertools.product(*(options(t) for t in types)):
+        alone, d_alone = sum(c[0] for c in combo), sum(c[1] for c in combo)
+        if dangerous == 0 or d_alone <= ceiling * dangerous + 1e-9:
+            best = max(best, alone)
+    assert r.per_type_overall.autonomous == best
