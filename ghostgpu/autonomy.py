@@ -29,7 +29,7 @@ from enum import StrEnum
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, computed_field, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
 _ROUND = 6  # decimals kept in scores and thresholds (see module docstring)
@@ -368,6 +368,7 @@ class Decision(_Model):
     breakdown: RiskScore
     reason: str
 
+    @computed_field  # type: ignore[prop-decorator]
     @property
     def autonomous(self) -> bool:
         return self.outcome == "autonomous"
@@ -375,6 +376,12 @@ class Decision(_Model):
     @property
     def escalate(self) -> bool:
         return self.outcome == "escalate"
+
+    def summary(self) -> str:
+        """One line for shadow-mode reports and Events: what would happen and why."""
+        what = "act alone" if self.autonomous else "escalate"
+        cmp = "<" if self.autonomous else ">="
+        return f"{what}: {self.action} (score {self.score:.3f} {cmp} tau {self.tau:.3f}, {self.tau_source})"
 
 
 def _saturate(count: float, scale: float) -> float:

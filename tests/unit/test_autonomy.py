@@ -130,6 +130,10 @@ def test_decision_carries_the_breakdown() -> None:
         "base_risk", "manifest_lines", "gpus", "replicas", "volumes", "admission_policy", "cross_tenant"
     }  # fmt: skip
     assert d.breakdown.explain().startswith(f"{d.score:.3f} = ")
+    assert d.model_dump()["autonomous"] is d.autonomous  # serialised for evidence/annotations
+    assert d.summary().startswith("act alone: scale_to_zero (score ")
+    e = decide_action("FINISHED_IDLE", "delete_pvc_pod", facts)
+    assert e.escalate and e.summary().startswith("escalate: delete_pvc_pod") and ">= tau" in e.summary()
 
 
 def test_config_errors_are_clear() -> None:
