@@ -50,7 +50,13 @@ def start(
             cwd=cwd,
             start_new_session=True,  # own process group: `down` can stop it and its children
         )
-    return ProcessRecord(name=name, pid=proc.pid, argv0=str(argv[0]), log=str(log))
+    rec = ProcessRecord(name=name, pid=proc.pid, argv0=str(argv[0]), log=str(log))
+    # Between fork and exec the child still shows our own cmdline; wait for the exec so that
+    # alive() does not mistake a starting process for a dead one.
+    deadline = time.monotonic() + 5
+    while proc.poll() is None and not alive(rec) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return rec
 
 
 def alive(rec: ProcessRecord) -> bool:
