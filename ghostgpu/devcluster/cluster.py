@@ -31,9 +31,11 @@ from ghostgpu.devcluster.nodes import (
     default_nodes,
     node_manifest,
 )
-from ghostgpu.devcluster.paths import Toolchain, cache_root
+from ghostgpu.devcluster.paths import REPO_ROOT, Toolchain, cache_root
 
 ALL_ADDONS = ("kueue", "kyverno", "prometheus")
+# The Kueue manager runs the Configuration the project renders (kueue/ bundle), when present.
+RENDERED_KUEUE_CONFIG = REPO_ROOT / "kueue" / "kueue-manager-config.yaml"
 
 
 def default_state_dir() -> Path:
@@ -453,6 +455,7 @@ class _Starter:
             self.ports["kueue_health"],
             self.ports["kueue_metrics"],
             self.dir / "kueue-certs",
+            base=components.rendered_kueue_config(RENDERED_KUEUE_CONFIG),
         )
         cfg_path = self.dir / "kueue-config.yaml"
         cfg_path.write_text(yaml.safe_dump(cfg, sort_keys=True))

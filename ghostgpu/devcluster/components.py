@@ -27,25 +27,54 @@ KUEUE_POD_LIKE_WEBHOOKS = {
 KUEUE_FRAMEWORKS = ["batch/job", "pod", "deployment", "statefulset"]
 
 
-def kueue_config(webhook_port: int, health_port: int, metrics_port: int, cert_dir: Path) -> dict[str, Any]:
-    return {
-        "apiVersion": "config.kueue.x-k8s.io/v1beta2",
-        "kind": "Configuration",
-        "namespace": "kueue-system",
-        "health": {"healthProbeBindAddress": f"127.0.0.1:{health_port}"},
-        "metrics": {"bindAddress": f"127.0.0.1:{metrics_port}"},
-        "webhook": {"port": webhook_port, "host": "127.0.0.1", "certDir": str(cert_dir)},
-        "leaderElection": {"leaderElect": False},
-        # Our own CA signs Kueue's serving cert and the webhook configurations carry url clientConfig.
-        "internalCertManagement": {"enable": False},
-        "manageJobsWithoutQueueName": False,
-        "managedJobsNamespaceSelector": {
-            "matchExpressions": [
-                {"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": KUEUE_SYSTEM_NAMESPACES}
-            ]
-        },
-        "integrations": {"frameworks": KUEUE_FRAMEWORKS},
-    }
+def kueue_config(
+    webhook_port: int, health_port: int, metrics_port: int, cert_dir: Path, base: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """Kueue's manager Configuration: `base` (the rendered kueue/kueue-manager-config.yaml, so the
+    cluster runs the configuration the project ships) with only what running out of cluster on
+    127.0.0.1 must change: listen addresses, our certificates, no leader election."""
+    cfg: dict[str, Any] = (
+        copy.deepcopy(base)
+        if base
+        else {
+            "apiVersion": "config.kueue.x-k8s.io/v1beta2",
+            "kind": "Configuration",
+            "namespace": "kueue-system",
+            "manageJobsWithoutQueueName": False,
+            "managedJobsNamespaceSelector": {
+                "matchExpressions": [
+                    {
+                        "key": "kubernetes.io/metadata.name",
+                        "operator": "NotIn",
+                        "values": KUEUE_SYSTEM_NAMESPACES,
+                    }
+                ]
+            },
+            "integrations": {"frameworks": KUEUE_FRAMEWORKS},
+        }
+    )
+    cfg["health"] = {"healthProbeBindAddress": f"127.0.0.1:{health_port}"}
+    cfg["metrics"] = {**cfg.get("metrics", {}), "bindAddress": f"127.0.0.1:{metrics_port}"}
+    cfg["webhook"] = {"port": webhook_port, "host": "127.0.0.1", "certDir": str(cert_dir)}
+    cfg["leaderElection"] = {"leaderElect": False}
+    # Our own CA signs Kueue's serving cert and the webhook configurations carry url clientConfig.
+    cfg["internalCertManagement"] = {"enable": False}
+    return cfg
+
+
+def rendered_kueue_config(path: Path) -> dict[str, Any] | None:
+    """The Configuration inside the rendered kueue-manager-config ConfigMap, if the file exists."""
+    if not path.is_file():
+        return None
+    cm = yaml.safe_load(path.read_text())
+    try:
+        text = cm["data"]["controller_manager_config.yaml"]
+    except (KeyError, TypeError) as e:
+        raise ValueError(f"{path}: expected a ConfigMap with data.controller_manager_config.yaml") from e
+    cfg = yaml.safe_load(text)
+    if not isinstance(cfg, dict) or cfg.get("kind") != "Configuration":
+        raise ValueError(f"{path}: controller_manager_config.yaml is not a Kueue Configuration")
+    return cfg
 
 
 def _url_client_config(port: int, path: str, ca_pem: bytes) -> dict[str, Any]:

@@ -242,3 +242,30 @@ def test_default_nodes_follow_the_example_config_flavors() -> None:
             assert int(resources[f["resource"]]) > 0
     with pytest.raises(ValueError, match="missing key 'resource'"):
         nodes_for_flavors([{"name": "x"}])
+
+
+def test_kueue_runs_the_rendered_configuration_with_only_local_overrides(tmp_path: Path) -> None:
+    base = {
+        "apiVersion": "config.kueue.x-k8s.io/v1beta2",
+        "kind": "Configuration",
+        "managedJobsNamespaceSelector": {"matchLabels": {"ghostgpu.io/reclaim": "enabled"}},
+        "waitForPodsReady": {"timeout": "10m", "blockAdmission": True},
+        "webhook": {"port": 9443},
+        "leaderElection": {"leaderElect": True},
+        "metrics": {"bindAddress": ":8443", "enableClusterQueueResources": True},
+    }
+    cm = {"kind": "ConfigMap", "data": {"controller_manager_config.yaml": yaml.safe_dump(base)}}
+    (tmp_path / "cm.yaml").write_text(yaml.safe_dump(cm))
+    cfg = components.kueue_config(
+        1001, 1002, 1003, tmp_path, base=components.rendered_kueue_config(tmp_path / "cm.yaml")
+    )
+    assert cfg["managedJobsNamespaceSelector"] == base["managedJobsNamespaceSelector"]
+    assert cfg["waitForPodsReady"] == base["waitForPodsReady"]
+    assert cfg["webhook"] == {"port": 1001, "host": "127.0.0.1", "certDir": str(tmp_path)}
+    assert cfg["metrics"] == {"bindAddress": "127.0.0.1:1003", "enableClusterQueueResources": True}
+    assert cfg["leaderElection"] == {"leaderElect": False}
+    assert cfg["internalCertManagement"] == {"enable": False}
+    assert components.rendered_kueue_config(tmp_path / "absent.yaml") is None
+    (tmp_path / "bad.yaml").write_text("kind: ConfigMap\ndata: {}\n")
+    with pytest.raises(ValueError, match="controller_manager_config.yaml"):
+        components.rendered_kueue_config(tmp_path / "bad.yaml")
