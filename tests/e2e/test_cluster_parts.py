@@ -267,5 +267,5 @@ def test_kueue_runs_the_rendered_configuration_with_only_local_overrides(tmp_pat
     assert cfg["internalCertManagement"] == {"enable": False}
     assert components.rendered_kueue_config(tmp_path / "absent.yaml") is None
     (tmp_path / "bad.yaml").write_text("kind: ConfigMap\ndata: {}\n")
-    with pytest.raises(ValueError, match="controller_manager_config.yaml"):
+    with pytest.raises(ValueError, match=r"controller_manager_config\.yaml"):
         components.rendered_kueue_config(tmp_path / "bad.yaml")
