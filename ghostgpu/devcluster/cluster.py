@@ -130,6 +130,7 @@ class DevCluster:
             raise ValueError(f"unknown addon(s) {sorted(unknown)}; expected some of {list(ALL_ADDONS)}")
         tools = Toolchain.locate()
         needed = ["etcd", "kube_apiserver", "kube_controller_manager", "kube_scheduler", "kwok"]
+        needed += ["monitoring_crd_dir"]
         needed += ["kueue"] if "kueue" in addons else []
         needed += ["kyverno_admission", "kyverno_background"] if "kyverno" in addons else []
         needed += ["prometheus"] if "prometheus" in addons else []
@@ -372,6 +373,8 @@ class _Starter:
 
     def _crds_and_bootstrap(self) -> None:
         crds = load_yaml_docs(sorted(self.tools.kwok_crd_dir.glob("*.yaml")))
+        # ServiceMonitor and PrometheusRule, so the controller/ bundle applies as it would in prod.
+        crds += load_yaml_docs(sorted(self.tools.monitoring_crd_dir.glob("*.yaml")))
         ca = self.pki.pem
         if "kueue" in self.addons:
             crds += components.kueue_crds(

@@ -52,6 +52,7 @@ class Toolchain:
     kyverno_background: Path
     kyverno_crd_dir: Path
     prometheus: Path
+    monitoring_crd_dir: Path
     versions: dict[str, str]
 
     @classmethod
@@ -78,6 +79,7 @@ class Toolchain:
             kyverno_background=kyv / "bin" / "kyverno-background",
             kyverno_crd_dir=kyv / "crds",
             prometheus=r / "prometheus-apt" / "bin" / "prometheus",
+            monitoring_crd_dir=r / f"monitoring-crds-{v['PROMETHEUS_OPERATOR_VERSION']}" / "crds",
             versions=v,
         )
 
