@@ -207,6 +207,10 @@ class CalibrationSettings(_Model):
     """Inputs of `ghostgpu calibrate` (published values as defaults)."""
 
     ceiling: UnitFloat = 0.02  # max catastrophic-autonomy rate (dangerous handled alone / dangerous)
+    # pooled: the ceiling bounds the whole per-type policy, like the global tau (never worse than it);
+    # each: every incident type must keep to the ceiling on its own (stricter: no type may spend the
+    # budget of the others, but per-type can then lose to the global tau).
+    per_type_ceiling: Literal["pooled", "each"] = "pooled"
     autonomous_latency_seconds: PosFloat = 40.0  # time to repair when the controller acts alone
     escalation_latency_seconds: PosFloat = 1200.0  # time to repair when a person is paged
     tau_step: PosFloat = 0.025
@@ -707,7 +711,10 @@ def calibrate(
     types = sorted(by_type)
     sweeps = {t: sweep(by_type[t], grid, s) for t in types}
     dangerous_total = sum(e.dangerous for e in evs)
-    picks = _joint_per_type(sweeps, dangerous_total, s.ceiling)
+    if s.per_type_ceiling == "each":
+        picks = {t: choose(points, s.ceiling) for t, points in sweeps.items()}
+    else:
+        picks = _joint_per_type(sweeps, dangerous_total, s.ceiling)
     per_type = tuple(_threshold(t, picks[t]) for t in types)
     alone = sum(t.autonomous for t in per_type)
     d_alone = sum(t.dangerous_autonomous for t in per_type)

@@ -141,6 +141,9 @@ _CAL_CEILING = typer.Option(None, "--ceiling", min=0.0, max=1.0, help="Max catas
 _CAL_FAST = typer.Option(None, "--autonomous-latency", min=0.001, help="Seconds to repair acting alone [40].")
 _CAL_SLOW = typer.Option(None, "--escalation-latency", min=0.001, help="Seconds to repair escalated [1200].")
 _CAL_STEP = typer.Option(None, "--step", min=0.001, max=1.0, help="tau grid step [0.025].")
+_CAL_PER_TYPE = typer.Option(
+    None, "--per-type-ceiling", help="pooled: ceiling on the whole per-type policy [pooled]; each: per type."
+)
 _CAL_JSON = typer.Option(False, "--json", help="Print the full result as JSON.")
 _CAL_PLOT = typer.Option(None, "--plot", help="Write MTTR reduction and catastrophic rate vs tau (PNG).")
 
@@ -153,6 +156,7 @@ def calibrate(
     autonomous_latency: float | None = _CAL_FAST,
     escalation_latency: float | None = _CAL_SLOW,
     step: float | None = _CAL_STEP,
+    per_type_ceiling: str | None = _CAL_PER_TYPE,
     as_json: bool = _CAL_JSON,
     plot: Path | None = _CAL_PLOT,
 ) -> None:
@@ -160,7 +164,16 @@ def calibrate(
     from ghostgpu.calibration.command import run_calibrate_command
 
     code = run_calibrate_command(
-        incidents, config, ceiling, autonomous_latency, escalation_latency, step, as_json, plot, typer.echo
+        incidents,
+        config,
+        ceiling,
+        autonomous_latency,
+        escalation_latency,
+        step,
+        per_type_ceiling,
+        as_json,
+        plot,
+        typer.echo,
     )
     if code:
         raise typer.Exit(code)

@@ -10,6 +10,7 @@ from rich.console import Console
 from ghostgpu.autonomy import AutonomyConfig, CalibrationSettings
 from ghostgpu.calibration.incidents import IncidentFileError
 from ghostgpu.calibration.report import print_text, run, to_json
+from ghostgpu.config_errors import ConfigError
 
 
 def _autonomy(config_path: Path | None) -> AutonomyConfig:
@@ -27,10 +28,14 @@ def run_calibrate_command(
     autonomous_latency: float | None,
     escalation_latency: float | None,
     step: float | None,
+    per_type_ceiling: str | None,
     as_json: bool,
     plot: Path | None,
     echo: Callable[..., None],
 ) -> int:
+    if per_type_ceiling not in (None, "pooled", "each"):
+        echo(f"error: --per-type-ceiling: expected pooled or each, got {per_type_ceiling!r}", err=True)
+        return 2
     try:
         autonomy = _autonomy(config_path)
         overrides = {
@@ -40,12 +45,13 @@ def run_calibrate_command(
                 "autonomous_latency_seconds": autonomous_latency,
                 "escalation_latency_seconds": escalation_latency,
                 "tau_step": step,
+                "per_type_ceiling": per_type_ceiling,
             }.items()
             if v is not None
         }
         settings = CalibrationSettings.model_validate({**autonomy.calibration.model_dump(), **overrides})
         result = run(incidents, autonomy, settings)
-    except (IncidentFileError, ValueError) as exc:  # pydantic's ValidationError and ConfigError included
+    except (IncidentFileError, ConfigError, ValueError) as exc:  # pydantic's ValidationError is a ValueError
         echo(f"error: {exc}", err=True)
         return 2
     if plot is not None:

@@ -76,6 +76,7 @@ def config_snippet(result: CalibrationResult) -> str:
         body["tauByType"] = {t.scope: t.tau for t in result.per_type}
     body["calibration"] = {
         "ceiling": s.ceiling,
+        "perTypeCeiling": s.per_type_ceiling,
         "autonomousLatencySeconds": s.autonomous_latency_seconds,
         "escalationLatencySeconds": s.escalation_latency_seconds,
     }
@@ -120,7 +121,8 @@ def print_text(run_: CalibrationRun, console: Console) -> None:
 
     title = (
         f"Thresholds: ceiling {_pct(s.ceiling)} catastrophic (dangerous alone / dangerous); "
-        f"MTTR {s.autonomous_latency_seconds:g} s alone vs {s.escalation_latency_seconds:g} s escalated"
+        f"MTTR {s.autonomous_latency_seconds:g} s alone vs {s.escalation_latency_seconds:g} s escalated; "
+        f"per-type ceiling {s.per_type_ceiling}"
     )
     table = Table(title=title, title_justify="left")
     for col in ("scope", "tau", "MTTR reduction", "catastrophic", "events", "alone", "published tau / MTTR"):
@@ -135,7 +137,12 @@ def print_text(run_: CalibrationRun, console: Console) -> None:
     console.print(table)
     console.print(
         "tau = the lowest grid value reaching the best MTTR reduction under the ceiling (ties -> most "
-        "conservative). Per-type taus share the global ceiling, so they are never worse than the global tau.",
+        "conservative). "
+        + (
+            "Per-type taus share the global ceiling (pooled), so they are never worse than the global tau."
+            if s.per_type_ceiling == "pooled"
+            else "Each type keeps the ceiling on its own (stricter; may be worse than the global tau)."
+        ),
         highlight=False,
     )
     console.print()

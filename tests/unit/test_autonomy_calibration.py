@@ -68,6 +68,16 @@ def test_hand_set_ceiling_half() -> None:
     assert r.per_type_overall.autonomous == 6
 
 
+def test_each_type_keeps_the_ceiling_on_its_own() -> None:
+    # Ceiling 50 %, "each": a has 1 dangerous event (0.30) -> 1/1 = 100 % > 50 %, so a stops at
+    # 0.225; b likewise stops at 0.425. That is the ceiling-0 answer: 4 alone, fewer than the pooled
+    # choice (6, test above) and fewer than the global tau (6): "each" is stricter and can lose.
+    r = calibrate(HAND, CalibrationSettings(ceiling=0.5, per_type_ceiling="each"))
+    assert {t.scope: t.tau for t in r.per_type} == {"a": 0.225, "b": 0.425}
+    assert all(t.catastrophic_rate <= 0.5 for t in r.per_type)
+    assert r.per_type_overall.autonomous == 4 < r.global_threshold.autonomous
+
+
 def test_latencies_are_configurable() -> None:
     s = CalibrationSettings(ceiling=0.0, autonomous_latency_seconds=60, escalation_latency_seconds=600)
     g = calibrate(HAND, s).global_threshold
