@@ -119,9 +119,14 @@ def kueue_webhook_configs(webhook_dir: Path, port: int, ca_pem: bytes) -> list[d
 
 def kueue_crds(crd_dir: Path, webhook_dir: Path, port: int, ca_pem: bytes) -> list[dict[str, Any]]:
     """Kueue's CRDs; those Kueue's kustomization patches with a conversion webhook get one by url."""
-    converted = set()
-    for patch in sorted(webhook_dir.glob("webhook_in_*.yaml")):
-        converted.add(yaml.safe_load(patch.read_text())["metadata"]["name"])
+    # Only the patches Kueue's CRD kustomization applies (its patches/ dir holds unused ones too).
+    kustomization = webhook_dir / "crd-kustomization.yaml"
+    if kustomization.is_file():
+        listed = [p["path"] for p in yaml.safe_load(kustomization.read_text()).get("patches") or []]
+        patches = [webhook_dir / Path(p).name for p in listed if Path(p).name.startswith("webhook_in_")]
+    else:
+        patches = sorted(webhook_dir.glob("webhook_in_*.yaml"))
+    converted = {yaml.safe_load(p.read_text())["metadata"]["name"] for p in patches}
     crds = []
     for f in sorted(crd_dir.glob("*.yaml")):
         crd = yaml.safe_load(f.read_text())

@@ -70,6 +70,13 @@ def test_kueue_crds_get_a_conversion_webhook_only_where_kueue_patches_one(tmp_pa
     (hooks / "webhook_in_workloads.yaml").write_text(
         yaml.safe_dump({"metadata": {"name": "workloads.kueue.x-k8s.io"}})
     )
+    (hooks / "webhook_in_resourceflavors.yaml").write_text(
+        yaml.safe_dump({"metadata": {"name": "resourceflavors.kueue.x-k8s.io"}})
+    )
+    # Kueue's kustomization lists only some of the patches it ships: only those apply.
+    (hooks / "crd-kustomization.yaml").write_text(
+        yaml.safe_dump({"patches": [{"path": "patches/webhook_in_workloads.yaml"}]})
+    )
     by_name = {c["metadata"]["name"]: c for c in components.kueue_crds(crds, hooks, 8443, b"CA")}
     conv = by_name["workloads.kueue.x-k8s.io"]["spec"]["conversion"]
     assert conv["strategy"] == "Webhook"
