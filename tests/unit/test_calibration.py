@@ -247,3 +247,16 @@ def test_cli_latencies_and_bad_file() -> None:
     assert last["mttr_reduction"] == pytest.approx(1 - 60 / 600)
     bad = runner.invoke(app, ["calibrate", "--incidents", "/nonexistent/i.csv"])
     assert bad.exit_code == 2 and "no such incident file" in bad.output
+
+
+def test_cli_bad_config_and_bad_mode_exit_2(tmp_path: Path) -> None:
+    bad = tmp_path / "ghostgpu.yaml"
+    bad.write_text("controller:\n  autonomy:\n    weights: {baseRisk: -1}\n")
+    out = runner.invoke(app, ["calibrate", "-c", str(bad)])
+    assert out.exit_code == 2 and "controller.autonomy.weights.baseRisk" in out.output
+    mode = runner.invoke(app, ["calibrate", "--per-type-ceiling", "bogus"])
+    assert mode.exit_code == 2 and "expected pooled or each" in mode.output
+    each = runner.invoke(app, ["calibrate", "--per-type-ceiling", "each", "--json"])
+    doc = json.loads(each.output)
+    assert doc["result"]["settings"]["per_type_ceiling"] == "each"
+    assert all(t["catastrophic_rate"] <= 0.02 for t in doc["result"]["per_type"])
