@@ -21,7 +21,15 @@ from pathlib import Path
 from string import Template
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic.alias_generators import to_camel
 
 from ghostgpu.autonomy import AutonomyConfig
@@ -205,15 +213,55 @@ class WaitForPodsReady(Model):
 class KueueFairSharing(Model):
     enabled: bool = True
     preemption_strategies: list[Literal["LessThanOrEqualToFinalShare", "LessThanInitialShare"]] = Field(
-        default_factory=lambda: ["LessThanOrEqualToFinalShare", "LessThanInitialShare"], min_length=1
+        default_factory=lambda: ["LessThanOrEqualToFinalShare", "LessThanInitialShare"]
     )
+
+    @field_validator("preemption_strategies")
+    @classmethod
+    def _kueue_accepts_strategies(cls, value: list[str]) -> list[str]:
+        if list(value) not in _FAIR_SHARING_STRATEGY_SETS:
+            allowed = " or ".join(str(s) for s in _FAIR_SHARING_STRATEGY_SETS)
+            raise ValueError(f"expected one of {allowed} (Kueue accepts only these)")
+        return value
+
+
+# The only preemption-strategy lists Kueue's configuration validation accepts (v0.17).
+_FAIR_SHARING_STRATEGY_SETS = (
+    ["LessThanOrEqualToFinalShare"],
+    ["LessThanInitialShare"],
+    ["LessThanOrEqualToFinalShare", "LessThanInitialShare"],
+)
+# Kueue v0.17's built-in integrations (jobframework registry); Kueue refuses to start on others.
+KUEUE_FRAMEWORKS = (
+    "batch/job",
+    "kubeflow.org/mpijob",
+    "ray.io/rayjob",
+    "ray.io/raycluster",
+    "ray.io/rayservice",
+    "jobset.x-k8s.io/jobset",
+    "kubeflow.org/paddlejob",
+    "kubeflow.org/pytorchjob",
+    "kubeflow.org/tfjob",
+    "kubeflow.org/xgboostjob",
+    "kubeflow.org/jaxjob",
+    "workload.codeflare.dev/appwrapper",
+    "trainer.kubeflow.org/trainjob",
+    "sparkoperator.k8s.io/sparkapplication",
+    "pod",
+    "deployment",
+    "statefulset",
+    "leaderworkerset.x-k8s.io/leaderworkerset",
+)
+# Kueue's shipped default list: frameworks whose CRDs are absent are skipped at start, so keeping
+# them costs nothing and replacing Kueue's ConfigMap does not silently drop an integration.
+_DEFAULT_FRAMEWORKS = [f for f in KUEUE_FRAMEWORKS if f != "sparkoperator.k8s.io/sparkapplication"]
 
 
 class KueueConfig(Model):
     namespace: Name = "kueue-system"
     config_map_name: Name = "kueue-manager-config"
-    # Pod-based integrations are what ghostgpu is about; batch/job keeps Jobs queued as usual.
-    frameworks: list[str] = Field(default_factory=lambda: ["batch/job", "deployment", "pod", "statefulset"])
+    # Pod-based integrations (pod, deployment, statefulset) are what ghostgpu is about.
+    frameworks: list[str] = Field(default_factory=lambda: list(_DEFAULT_FRAMEWORKS), min_length=1)
     wait_for_pods_ready: WaitForPodsReady = Field(default_factory=WaitForPodsReady)
     fair_sharing: KueueFairSharing = Field(default_factory=KueueFairSharing)
     # ClusterQueues here cover GPU resources only; Kueue refuses workloads that request a
@@ -222,14 +270,21 @@ class KueueConfig(Model):
         default_factory=lambda: ["cpu", "memory", "ephemeral-storage", "hugepages-"]
     )
 
-    @model_validator(mode="after")
-    def _pod_integrations(self) -> KueueConfig:
-        needs_pod = {"deployment", "statefulset"} & set(self.frameworks)
-        if needs_pod and "pod" not in self.frameworks:
+    @field_validator("frameworks")
+    @classmethod
+    def _known_frameworks(cls, frameworks: list[str]) -> list[str]:
+        unknown = [f for f in frameworks if f not in KUEUE_FRAMEWORKS]
+        if unknown:
             raise ValueError(
-                "the deployment and statefulset integrations need the pod integration in frameworks"
+                f"unknown Kueue framework(s) {', '.join(map(repr, unknown))}; "
+                f"Kueue knows: {', '.join(KUEUE_FRAMEWORKS)}"
             )
-        return self
+        if len(set(frameworks)) != len(frameworks):
+            raise ValueError("an integration is listed twice (Kueue rejects duplicates)")
+        if not {"pod", "deployment", "statefulset"} <= set(frameworks):
+            # ghostgpu's routing of new workloads (LocalQueue `default`) needs them (DESIGN §3).
+            raise ValueError("expected pod, deployment and statefulset among the frameworks")
+        return frameworks
 
 
 class PoliciesConfig(Model):

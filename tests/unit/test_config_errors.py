@@ -218,3 +218,28 @@ def test_load_controller_config_reports_with_its_own_paths(tmp_path: Path) -> No
 )
 def test_format_path(parts: tuple[str | int, ...], text: str) -> None:
     assert format_path(parts) == text
+
+
+def test_kueue_framework_names_are_checked() -> None:
+    [line] = errors(
+        GOOD + "kueue:\n  frameworks: [batch/job, pod, deployment, statefulset, kubeflow.org/pytorchjobs]\n"
+    )
+    assert line.startswith(
+        "cluster.yaml: kueue.frameworks: unknown Kueue framework(s) 'kubeflow.org/pytorchjobs'"
+    )
+    [line] = errors(GOOD + "kueue:\n  frameworks: [batch/job, pod]\n")
+    assert line == (
+        "cluster.yaml: kueue.frameworks: "
+        "expected pod, deployment and statefulset among the frameworks (line 20)"
+    )
+
+
+def test_fair_sharing_strategies_must_be_a_list_kueue_accepts() -> None:
+    text = (
+        GOOD
+        + "kueue:\n  fairSharing:\n"
+        + "    preemptionStrategies: [LessThanInitialShare, LessThanOrEqualToFinalShare]\n"
+    )
+    [line] = errors(text)
+    assert line.startswith("cluster.yaml: kueue.fairSharing.preemptionStrategies: expected one of")
+    load_config_text(GOOD + "kueue:\n  fairSharing:\n    preemptionStrategies: [LessThanInitialShare]\n")
