@@ -185,6 +185,9 @@ from ghostgpu.devcluster.cli import app as _devcluster_app  # noqa: E402 (typer 
 app.add_typer(_devcluster_app, name="devcluster")
 
 # --- controller, status, report, restore (issue 5) ---
+from ghostgpu.controller.cli import register as _register_controller  # noqa: E402 (typer only at import)
+
+_register_controller(app)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,137 @@
+"""The accounting gap, per GPU flavor (pure): what the nodes have, what Kueue admitted, what is
+held by workloads outside Kueue (split by verdict), what is truly free, and what Kueue believes
+is free. `ghostgpu status` prints it and the controller exports the same numbers as metrics.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ghostgpu.controller.inventory import PodView
+from ghostgpu.quantity import Quantity
+
+
+@dataclass(frozen=True, slots=True)
+class FlavorSpec:
+    name: str
+    resource: str
+    node_labels: Mapping[str, str]
+
+
+@dataclass
+class FlavorAccount:
+    flavor: str
+    resource: str
+    allocatable: float = 0.0
+    kueue_nominal: float = 0.0
+    kueue_admitted: float = 0.0  # ClusterQueue status.flavorsUsage (admitted workloads)
+    kueue_reserved: float = 0.0  # status.flavorsReservation (quota reserved, admission pending)
+    in_use: float = 0.0  # every scheduled, unfinished pod's request on this flavor's nodes
+    outside_kueue: dict[str, float] = field(default_factory=dict)  # verdict bucket -> GPUs
+
+    @property
+    def held_outside_kueue(self) -> float:
+        return sum(self.outside_kueue.values())
+
+    @property
+    def truly_free(self) -> float:
+        return max(0.0, self.allocatable - self.in_use)
+
+    @property
+    def kueue_believes_free(self) -> float:
+        return max(0.0, self.kueue_nominal - self.kueue_admitted)
+
+    @property
+    def gap(self) -> float:
+        """GPUs Kueue would hand out that are not actually there."""
+        return max(0.0, self.kueue_believes_free - self.truly_free)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "flavor": self.flavor,
+            "resource": self.resource,
+            "allocatable": self.allocatable,
+            "kueueNominal": self.kueue_nominal,
+            "kueueAdmitted": self.kueue_admitted,
+            "kueueReserved": self.kueue_reserved,
+            "inUse": self.in_use,
+            "heldOutsideKueue": self.held_outside_kueue,
+            "outsideKueueByVerdict": dict(sorted(self.outside_kueue.items())),
+            "trulyFree": self.truly_free,
+            "kueueBelievesFree": self.kueue_believes_free,
+            "gap": self.gap,
+        }
+
+
+def _qty(value: Any) -> float:
+    try:
+        return float(Quantity(str(value)).value)
+    except (ValueError, ArithmeticError):
+        return 0.0
+
+
+def node_flavor(node: Mapping[str, Any], flavors: Sequence[FlavorSpec]) -> FlavorSpec | None:
+    labels = (node.get("metadata") or {}).get("labels") or {}
+    alloc = (node.get("status") or {}).get("allocatable") or {}
+    for f in flavors:
+        if f.resource in alloc and all(labels.get(k) == v for k, v in f.node_labels.items()):
+            return f
+    return None
+
+
+def account(
+    flavors: Sequence[FlavorSpec],
+    nodes: Iterable[Mapping[str, Any]],
+    pods: Iterable[PodView],
+    cluster_queues: Iterable[Mapping[str, Any]],
+    outside_kueue: Mapping[tuple[str, str], str],
+) -> list[FlavorAccount]:
+    """`outside_kueue` maps (namespace, pod) of every tracked workload's pod to its verdict
+    bucket (ACTIVE, FINISHED_IDLE, ..., or PENDING / EXEMPT for pods not judged)."""
+    accounts = {f.name: FlavorAccount(f.name, f.resource) for f in flavors}
+    node_to_flavor: dict[str, FlavorSpec] = {}
+    for node in nodes:
+        f = node_flavor(node, flavors)
+        if f is None:
+            continue
+        name = (node.get("metadata") or {}).get("name", "")
+        node_to_flavor[name] = f
+        accounts[f.name].allocatable += _qty(
+            ((node.get("status") or {}).get("allocatable") or {})[f.resource]
+        )
+    for pod in pods:
+        if not pod.holds_gpus or pod.node_name not in node_to_flavor:
+            continue
+        f = node_to_flavor[pod.node_name]
+        count = pod.gpu_requests.get(f.resource, 0.0)
+        if not count:
+            continue
+        acc = accounts[f.name]
+        acc.in_use += count
+        bucket = outside_kueue.get((pod.namespace, pod.name))
+        if bucket is not None:
+            acc.outside_kueue[bucket] = acc.outside_kueue.get(bucket, 0.0) + count
+    for cq in cluster_queues:
+        spec, status = cq.get("spec") or {}, cq.get("status") or {}
+        for group in spec.get("resourceGroups") or []:
+            for fq in group.get("flavors") or []:
+                acc = accounts.get(fq.get("name", ""))
+                if acc is None:
+                    continue
+                for r in fq.get("resources") or []:
+                    if r.get("name") == acc.resource:
+                        acc.kueue_nominal += _qty(r.get("nominalQuota", 0))
+        for field_name, attr in (
+            ("flavorsUsage", "kueue_admitted"),
+            ("flavorsReservation", "kueue_reserved"),
+        ):
+            for fu in status.get(field_name) or []:
+                acc = accounts.get(fu.get("name", ""))
+                if acc is None:
+                    continue
+                for r in fu.get("resources") or []:
+                    if r.get("name") == acc.resource:
+                        setattr(acc, attr, getattr(acc, attr) + _qty(r.get("total", 0)))
+    return [accounts[f.name] for f in flavors]

@@ -1,0 +1,296 @@
+"""`ghostgpu controller`: wires the watch caches, the leader elector, the signal sources, the
+reconciler and the health/metrics server together, and runs the poll loop."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import socket
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from ghostgpu.config import ControllerConfig, load_config, load_controller_config
+from ghostgpu.controller import keys
+from ghostgpu.controller.accounting import FlavorSpec, node_flavor
+from ghostgpu.controller.decisions import DecisionLog
+from ghostgpu.controller.inventory import GpuPredicate, Workload, gpu_predicate, pod_view, workload_from
+from ghostgpu.controller.kube import (
+    CLUSTERQUEUES,
+    DEPLOYMENTS,
+    NAMESPACES,
+    NODES,
+    PODS,
+    STATEFULSETS,
+    Cluster,
+    Reflector,
+    ResourceType,
+)
+from ghostgpu.controller.leader import LeaderElector
+from ghostgpu.controller.metrics import ControllerMetrics
+from ghostgpu.controller.reconciler import Reconciler, Snapshot, accounting_from
+from ghostgpu.controller.server import HealthServer
+from ghostgpu.signals.artifacts import FileArtifactProbe, S3ArtifactProbe
+from ghostgpu.signals.podexec import KubeExec
+from ghostgpu.signals.processes import ProcessSource
+from ghostgpu.signals.prometheus import PrometheusClient
+from ghostgpu.signals.utilization import QuerySpec, UtilizationSource
+
+log = logging.getLogger("ghostgpu.controller")
+RESOURCEFLAVORS = ResourceType("kueue.x-k8s.io/v1beta2", "resourceflavors", namespaced=False)
+
+
+@dataclass(frozen=True)
+class LoadedConfig:
+    controller: ControllerConfig
+    flavors: list[FlavorSpec] | None  # None: discover from Kueue's ResourceFlavors/ClusterQueues
+
+
+def load_any_config(path: str | Path | None) -> LoadedConfig:
+    """The whole ghostgpu.yaml (flavors known) or the ConfigMap's controller section alone."""
+    if path is None:
+        return LoadedConfig(ControllerConfig(), None)
+    data = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
+    if isinstance(data, dict) and data.get("kind") == "GhostgpuConfig":
+        full = load_config(path)
+        flavors = [FlavorSpec(f.name, f.resource, dict(f.node_labels)) for f in full.flavors]
+        return LoadedConfig(full.controller, flavors)
+    return LoadedConfig(load_controller_config(path), None)
+
+
+async def discover_flavors(cluster: Cluster, is_gpu: GpuPredicate) -> list[FlavorSpec]:
+    """GPU flavors as Kueue knows them: ClusterQueue flavor quotas on GPU resources, with the
+    ResourceFlavor's nodeLabels."""
+    try:
+        rfs = {rf["metadata"]["name"]: rf for rf in await cluster.list(RESOURCEFLAVORS)}
+        cqs = await cluster.list(CLUSTERQUEUES)
+    except Exception as exc:
+        log.warning("cannot read Kueue flavors", extra={"error": str(exc)})
+        return []
+    seen: dict[tuple[str, str], FlavorSpec] = {}
+    for cq in cqs:
+        for group in (cq.get("spec") or {}).get("resourceGroups") or []:
+            for fq in group.get("flavors") or []:
+                for r in fq.get("resources") or []:
+                    if is_gpu(r.get("name", "")):
+                        rf = rfs.get(fq.get("name"), {})
+                        labels = (rf.get("spec") or {}).get("nodeLabels") or {}
+                        seen[(fq["name"], r["name"])] = FlavorSpec(fq["name"], r["name"], dict(labels))
+    return [seen[k] for k in sorted(seen)]
+
+
+def _slim_node(obj: Mapping[str, Any]) -> dict[str, Any]:
+    meta = obj.get("metadata") or {}
+    return {
+        "metadata": {"name": meta.get("name"), "labels": dict(meta.get("labels") or {})},
+        "status": {"allocatable": dict((obj.get("status") or {}).get("allocatable") or {})},
+    }
+
+
+class Informers:
+    """The watch caches the controller reads from."""
+
+    def __init__(self, api: Any, is_gpu: GpuPredicate) -> None:
+        tracked = f"{keys.TRACKED_LABEL}=true"
+        self.namespaces = Reflector(
+            api, NAMESPACES, transform=lambda o: dict((o.get("metadata") or {}).get("labels") or {})
+        )
+        self.pods = Reflector(api, PODS, transform=lambda o: pod_view(o, is_gpu))
+        self.nodes = Reflector(api, NODES, transform=_slim_node)
+        self.deployments = Reflector(
+            api,
+            DEPLOYMENTS,
+            label_selector=tracked,
+            transform=lambda o: workload_from("Deployment", o, is_gpu),
+        )
+        self.statefulsets = Reflector(
+            api,
+            STATEFULSETS,
+            label_selector=tracked,
+            transform=lambda o: workload_from("StatefulSet", o, is_gpu),
+        )
+        self.tracked_pods = Reflector(
+            api, PODS, label_selector=tracked, transform=lambda o: workload_from("Pod", o, is_gpu)
+        )
+        self.all = [
+            self.namespaces,
+            self.pods,
+            self.nodes,
+            self.deployments,
+            self.statefulsets,
+            self.tracked_pods,
+        ]
+
+    @property
+    def synced(self) -> bool:
+        return all(r.synced.is_set() for r in self.all)
+
+    async def wait_synced(self) -> None:
+        await asyncio.gather(*(r.synced.wait() for r in self.all))
+
+    def snapshot(self, flavors: Sequence[FlavorSpec]) -> Snapshot:
+        workloads: dict[Any, Workload] = {}
+        for store in (self.deployments.store, self.statefulsets.store):
+            for wl in store.values():
+                workloads[wl.ref] = wl
+        for wl in self.tracked_pods.store.values():
+            owners = (wl.raw.get("metadata") or {}).get("ownerReferences") or []
+            if not any(o.get("controller") for o in owners):  # bare pods only
+                workloads[wl.ref] = wl
+        nodes = []
+        for n in self.nodes.store.values():
+            f = node_flavor(n, flavors)
+            nodes.append({**n, "_flavor": f.name if f else "unknown"})
+        return Snapshot(
+            namespaces={name: labels for (_, name), labels in self.namespaces.store.items()},
+            workloads=workloads,
+            pods=list(self.pods.store.values()),
+            nodes=nodes,
+        )
+
+
+async def _kube_api(kubeconfig: str | None) -> Any:
+    import kr8s.asyncio
+
+    if kubeconfig:
+        return await kr8s.asyncio.api(kubeconfig=kubeconfig)
+    return await kr8s.asyncio.api()
+
+
+async def run_controller(
+    loaded: LoadedConfig,
+    *,
+    kubeconfig: str | None = None,
+    identity: str | None = None,
+    host: str = "0.0.0.0",
+    port: int | None = None,
+    decision_log: str | None = "/var/lib/ghostgpu/decisions.jsonl",
+    lease_namespace: str | None = None,
+    lease_duration: float = 15.0,
+    renew_deadline: float = 10.0,
+    retry_period: float = 2.0,
+    max_polls: int | None = None,
+    ready_file: str | None = None,
+) -> None:
+    cfg = loaded.controller
+    identity = identity or os.environ.get("POD_NAME") or f"{socket.gethostname()}-{os.getpid()}"
+    api = await _kube_api(kubeconfig)
+    cluster = Cluster(api, instance=identity)
+    known = [f.resource for f in loaded.flavors or []]
+    is_gpu = gpu_predicate(known)
+    informers = Informers(api, is_gpu)
+    metrics = ControllerMetrics()
+    elector = LeaderElector(
+        api,
+        namespace=lease_namespace or os.environ.get("POD_NAMESPACE") or cfg.namespace,
+        name=cfg.lease_name,
+        identity=identity,
+        lease_duration=lease_duration,
+        renew_deadline=renew_deadline,
+        retry_period=retry_period,
+        on_change=lambda leading: metrics.leader.set(1 if leading else 0),
+    )
+    prom = PrometheusClient(cfg.prometheus.url, timeout=cfg.prometheus.timeout.total_seconds())
+    spec = QuerySpec.from_preset(cfg.metrics.active, max_sample_age=cfg.stale_after.total_seconds())
+    executor = KubeExec(api)
+    s3 = S3ArtifactProbe(endpoint_url=cfg.s3.endpoint, region=cfg.s3.region) if _s3_possible() else None
+    dlog = DecisionLog(decision_log)
+    reconciler = Reconciler(
+        cfg,
+        cluster=cluster,
+        utilization=UtilizationSource(prom, spec),
+        processes=ProcessSource(executor, concurrency=8, timeout=10.0),
+        files=FileArtifactProbe(executor, timeout=10.0),
+        s3=s3,
+        metrics=metrics,
+        decision_log=dlog,
+        is_leader=elector.is_leader,
+        escalate=_escalator(cfg),
+    )
+    interval = cfg.poll_interval.total_seconds()
+    started = time.time()
+
+    def healthy() -> tuple[bool, str]:
+        last = reconciler.last_poll_end or started
+        ok = time.time() - last < 3 * interval + 60
+        return ok, f"last poll {time.time() - last:.0f}s ago"
+
+    def ready() -> tuple[bool, str]:
+        return informers.synced, "watch caches synced" if informers.synced else "watch caches syncing"
+
+    server = HealthServer(
+        metrics.registry,
+        healthy=healthy,
+        ready=ready,
+        decisions=dlog.read_bytes,
+        host=host,
+        port=port or cfg.port,
+    )
+    bound = await server.start()
+    log.info("controller starting", extra={"identity": identity, "mode": cfg.mode, "port": bound})
+    tasks = [asyncio.create_task(r.run(), name=f"watch-{r.rtype.plural}") for r in informers.all]
+    tasks.append(asyncio.create_task(elector.run(), name="leader-election"))
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, stop.set)
+    try:
+        await informers.wait_synced()
+        if ready_file:
+            Path(ready_file).write_text(f"{bound}\n")
+        flavors = loaded.flavors
+        polls = 0
+        while not stop.is_set():
+            tick = time.monotonic()
+            if flavors is None or not flavors:
+                flavors = await discover_flavors(cluster, is_gpu) or None
+            snap = informers.snapshot(flavors or [])
+            result = await reconciler.poll_once(snap)
+            try:
+                cqs = await cluster.list(CLUSTERQUEUES)
+            except Exception:
+                cqs = []
+            metrics.set_accounting(accounting_from(flavors or [], snap, cqs, result.judged))
+            polls += 1
+            if max_polls is not None and polls >= max_polls:
+                break
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), max(0.0, interval - (time.monotonic() - tick)))
+    finally:
+        await elector.release()
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await server.stop()
+        await prom.aclose()
+        log.info("controller stopped", extra={"identity": identity})
+
+
+def _s3_possible() -> bool:
+    try:
+        import boto3  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _escalator(cfg: ControllerConfig) -> Any:
+    from ghostgpu.controller.planner import facts_for
+    from ghostgpu.escalation import send_escalation
+
+    settings = cfg.autonomy.escalation
+
+    async def escalate(decision: Any, wl: Workload) -> None:
+        result = await send_escalation(decision, facts_for(wl, None), settings)
+        if not result.ok:
+            log.warning("escalation webhook failed", extra={"error": result.error, "workload": str(wl.ref)})
+
+    return escalate

@@ -1,0 +1,202 @@
+"""`ghostgpu controller | status | report | restore` (registered on the main app in ghostgpu/cli.py).
+Heavy imports (kr8s, boto3) happen inside the commands so `ghostgpu render` stays fast."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from pathlib import Path
+
+import typer
+
+ConfigOpt = typer.Option(None, "--config", "-c", help="ghostgpu.yaml, or the ConfigMap's controller section.")
+KubeconfigOpt = typer.Option(
+    None, "--kubeconfig", help="Kubeconfig file (default: in-cluster or ~/.kube/config)."
+)
+
+
+def controller(
+    config: Path | None = ConfigOpt,
+    kubeconfig: str | None = KubeconfigOpt,
+    mode: str | None = typer.Option(None, "--mode", help="Override controller.mode: shadow or enforce."),
+    prometheus_url: str | None = typer.Option(
+        None, "--prometheus-url", help="Override controller.prometheus.url."
+    ),
+    poll_interval: str | None = typer.Option(None, "--poll-interval", help="Override pollInterval, e.g. 5s."),
+    startup_grace: str | None = typer.Option(None, "--startup-grace", help="Override startupGrace, e.g. 0s."),
+    host: str = typer.Option("0.0.0.0", "--host", help="Address of the /metrics, /healthz, /readyz server."),
+    port: int | None = typer.Option(None, "--port", help="Port of that server (default controller.port)."),
+    identity: str | None = typer.Option(
+        None, "--identity", help="Leader-election identity (default POD_NAME)."
+    ),
+    lease_namespace: str | None = typer.Option(None, "--lease-namespace", help="Namespace of the Lease."),
+    lease_duration: float = typer.Option(15.0, "--lease-duration", help="Lease duration in seconds."),
+    renew_deadline: float = typer.Option(10.0, "--renew-deadline", help="Leader steps down after this."),
+    retry_period: float = typer.Option(2.0, "--retry-period", help="Seconds between lease attempts."),
+    decision_log: str = typer.Option(
+        "/var/lib/ghostgpu/decisions.jsonl", "--decision-log", help="JSONL decision history ('' = off)."
+    ),
+    max_polls: int | None = typer.Option(None, "--max-polls", help="Stop after N polls (testing)."),
+    log_level: str = typer.Option("INFO", "--log-level"),
+) -> None:
+    """Run the reclaim controller (shadow mode unless the config says enforce)."""
+    from ghostgpu.config_errors import ConfigError
+    from ghostgpu.controller import jsonlog
+    from ghostgpu.controller.app import LoadedConfig, load_any_config, run_controller
+
+    jsonlog.setup(log_level)
+    try:
+        loaded = load_any_config(config)
+    except ConfigError as exc:
+        typer.echo(str(exc), err=True)
+        raise typer.Exit(2) from None
+    overrides: dict[str, object] = {}
+    if mode:
+        overrides["mode"] = mode
+    if poll_interval:
+        overrides["pollInterval"] = poll_interval
+    if startup_grace:
+        overrides["startupGrace"] = startup_grace
+    if prometheus_url:
+        overrides["prometheus"] = {
+            **loaded.controller.prometheus.model_dump(by_alias=True, mode="json"),
+            "url": prometheus_url,
+        }
+    if overrides:
+        from ghostgpu.config import ControllerConfig
+
+        merged = {**loaded.controller.model_dump(by_alias=True, mode="json"), **overrides}
+        loaded = LoadedConfig(ControllerConfig.model_validate(merged), loaded.flavors)
+    asyncio.run(
+        run_controller(
+            loaded,
+            kubeconfig=kubeconfig,
+            identity=identity,
+            host=host,
+            port=port,
+            decision_log=decision_log or None,
+            lease_namespace=lease_namespace,
+            lease_duration=lease_duration,
+            renew_deadline=renew_deadline,
+            retry_period=retry_period,
+            max_polls=max_polls,
+        )
+    )
+
+
+def status(
+    config: Path | None = ConfigOpt,
+    kubeconfig: str | None = KubeconfigOpt,
+    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
+) -> None:
+    """The accounting gap per GPU flavor: allocatable, admitted by Kueue, held outside Kueue by
+    verdict, truly free, and what Kueue believes is free."""
+    from ghostgpu.controller.app import load_any_config
+    from ghostgpu.controller.ops import status as get_status
+
+    accounts = asyncio.run(get_status(load_any_config(config), kubeconfig=kubeconfig))
+    if as_json:
+        typer.echo(json.dumps([a.as_dict() for a in accounts], indent=2, sort_keys=True))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="GPU accounting gap (ghostgpu status)")
+    for col in (
+        "flavor",
+        "allocatable",
+        "Kueue admitted",
+        "outside Kueue",
+        "by verdict",
+        "truly free",
+        "Kueue believes free",
+        "gap",
+    ):
+        table.add_column(col, justify="left" if col in ("flavor", "by verdict") else "right")
+    for a in accounts:
+        by = ", ".join(f"{k} {v:g}" for k, v in sorted(a.outside_kueue.items())) or "-"
+        table.add_row(
+            a.flavor,
+            f"{a.allocatable:g}",
+            f"{a.kueue_admitted:g}",
+            f"{a.held_outside_kueue:g}",
+            by,
+            f"{a.truly_free:g}",
+            f"{a.kueue_believes_free:g}",
+            f"{a.gap:g}",
+        )
+    Console().print(table)
+
+
+def report(
+    source: str = typer.Argument(
+        "/var/lib/ghostgpu/decisions.jsonl",
+        help="Decision log file, '-' for stdin, or the controller's http://HOST:PORT/decisions URL.",
+    ),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of text."),
+) -> None:
+    """Summarise the shadow-mode decision history: GPU-hours that would have been reclaimed,
+    misses (UNKNOWN runs) and whether each cleared on a later poll or persisted."""
+    from ghostgpu.controller.decisions import parse_lines, summarize
+
+    if source.startswith(("http://", "https://")):
+        import httpx
+
+        text = httpx.get(source, timeout=30).raise_for_status().text
+    elif source == "-":
+        text = sys.stdin.read()
+    else:
+        try:
+            text = Path(source).read_text(encoding="utf-8")
+        except OSError as exc:
+            typer.echo(f"cannot read {source}: {exc.strerror or exc}", err=True)
+            raise typer.Exit(2) from None
+    rep = summarize(parse_lines(text.splitlines()))
+    if as_json:
+        typer.echo(json.dumps(rep.as_dict(), indent=2, sort_keys=True))
+        return
+    typer.echo(f"polls: {rep.polls}   workloads: {rep.workloads}")
+    typer.echo(
+        "latest verdicts: " + (", ".join(f"{k} {v}" for k, v in sorted(rep.by_verdict.items())) or "-")
+    )
+    typer.echo(f"GPU-hours that would have been reclaimed: {rep.gpu_hours_would_reclaim:.2f}")
+    for k, v in sorted(rep.gpu_hours_by_verdict.items()):
+        typer.echo(f"  {k}: {v:.2f}")
+    typer.echo(f"would reclaim: {', '.join(rep.would_reclaim_workloads) or '-'}")
+    typer.echo(f"misses (UNKNOWN runs, kept): {len(rep.misses)}")
+    for m in rep.misses:
+        end = f"cleared -> {m.cleared_to}" if m.outcome == "cleared" else "persisted"
+        typer.echo(
+            f"  {m.workload}: polls {m.from_poll}-{m.to_poll} ({m.polls}) {end}; {', '.join(m.reasons)}"
+        )
+    typer.echo(f"reversals (reclaimable, later live): {len(rep.reversals)}")
+    for r in rep.reversals:
+        typer.echo(
+            f"  {r.workload}: {r.verdict} at poll {r.reclaimable_at_poll}, "
+            f"{r.live_verdict} at poll {r.live_at_poll}"
+        )
+
+
+def restore(
+    target: str = typer.Argument(..., help="KIND/NAME, e.g. deployment/notebook-7"),
+    namespace: str = typer.Option(..., "--namespace", "-n"),
+    kubeconfig: str | None = KubeconfigOpt,
+) -> None:
+    """Scale a reclaimed Deployment/StatefulSet back to its recorded replica count."""
+    from ghostgpu.controller.ops import RestoreError
+    from ghostgpu.controller.ops import restore as do_restore
+
+    try:
+        done = asyncio.run(do_restore(target, namespace, kubeconfig=kubeconfig))
+    except RestoreError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1) from None
+    typer.echo(f"restored {done.ref.short} in {namespace} to {done.replicas} replicas")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("controller")(controller)
+    app.command("status")(status)
+    app.command("report")(report)
+    app.command("restore")(restore)

@@ -1,0 +1,121 @@
+"""Per-workload memory between polls and the assembly of `verdict.Evidence` (pure).
+
+The controller keeps, per workload, the utilization ring and the artifact history; each poll
+pushes one entry to each, then `assemble()` turns them plus this poll's processes and faults into
+the `Evidence` that `verdict.decide()` judges. `evidence_json()` is the short form written to the
+`ghostgpu.io/evidence` annotation and the decision log.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from ghostgpu.config import ControllerConfig
+from ghostgpu.signals.artifacts import ArtifactHistory, ArtifactTarget
+from ghostgpu.signals.utilization import UtilizationRing
+from ghostgpu.verdict import (
+    ArtifactObservation,
+    ArtifactSizes,
+    ArtifactsNotDeclared,
+    Evidence,
+    FaultEvidence,
+    FaultObservation,
+    ProcessInfo,
+    Signal,
+    SignalFailure,
+    Verdict,
+    VerdictKind,
+    VerdictPolicy,
+)
+
+
+def policy_from_config(cfg: ControllerConfig) -> VerdictPolicy:
+    return VerdictPolicy(
+        window=cfg.window,
+        zero_threshold=cfg.zero_threshold,
+        hold_after=cfg.long_window,
+        required=frozenset(Signal(s) for s in cfg.required_signals),
+    )
+
+
+@dataclass
+class WorkloadState:
+    """What the controller remembers about one workload (reset when its uid changes)."""
+
+    uid: str
+    ring: UtilizationRing
+    artifacts: ArtifactHistory
+    artifact_target: ArtifactTarget | SignalFailure | None = None
+    last_verdict: VerdictKind | None = None
+    last_reasons: tuple[str, ...] = ()
+    verdict_since: datetime | None = None
+    escalated_for: VerdictKind | None = None  # escalate once per verdict, not every poll
+    pod_uids: frozenset[str] = field(default_factory=frozenset)
+
+    @classmethod
+    def new(cls, uid: str, cfg: ControllerConfig) -> WorkloadState:
+        return cls(
+            uid=uid,
+            ring=UtilizationRing(size=max(cfg.long_window, cfg.window)),
+            artifacts=ArtifactHistory(size=cfg.window),
+        )
+
+    def reset_window(self) -> None:
+        """Forget samples (new pods, grace, scaled to zero): old zeros must never count again."""
+        self.ring.clear()
+        self.artifacts.clear()
+
+
+def assemble(
+    state: WorkloadState,
+    *,
+    window: int,
+    processes: tuple[ProcessInfo, ...] | SignalFailure | None,
+    faults: FaultObservation,
+) -> Evidence:
+    artifacts: ArtifactObservation
+    if state.artifact_target is None:
+        artifacts = ArtifactsNotDeclared()
+    elif isinstance(state.artifact_target, SignalFailure):
+        artifacts = state.artifact_target  # the annotation itself is invalid: a failed signal
+    else:
+        artifacts = state.artifacts.observation(window)
+    return Evidence(utilization=state.ring.samples, processes=processes, artifacts=artifacts, faults=faults)
+
+
+def _sample(s: float | SignalFailure) -> float | str:
+    return round(s, 1) if not isinstance(s, SignalFailure) else f"!{s.reason.value}"
+
+
+def evidence_summary(evidence: Evidence, verdict: Verdict, window: int) -> dict[str, object]:
+    """Short, stable JSON-able summary (annotation and decision log)."""
+    out: dict[str, object] = {
+        "verdict": verdict.kind.value,
+        "reasons": [r.value for r in verdict.reasons],
+        "util": [_sample(s) for s in evidence.utilization[-window:]],
+    }
+    procs = evidence.processes
+    if isinstance(procs, SignalFailure):
+        out["procs"] = f"!{procs.reason.value}"
+    elif procs is not None:
+        out["procs"] = {"live": sum(not p.defunct for p in procs), "defunct": sum(p.defunct for p in procs)}
+    art = evidence.artifacts
+    if isinstance(art, SignalFailure):
+        out["artifacts"] = f"!{art.reason.value}"
+    elif isinstance(art, ArtifactSizes):
+        out["artifacts"] = {"start": art.start_bytes, "end": art.end_bytes, "marker": art.completion_marker}
+    faults = evidence.faults
+    if isinstance(faults, SignalFailure):
+        out["faults"] = f"!{faults.reason.value}"
+    elif isinstance(faults, FaultEvidence) and (faults.xid_events or faults.restarts):
+        out["faults"] = {
+            "xid": [x.code for x in faults.xid_events],
+            "restarts": [f"{r.container}:{r.reason}" for r in faults.restarts],
+        }
+    return out
+
+
+def evidence_json(summary: dict[str, object]) -> str:
+    return json.dumps(summary, sort_keys=True, separators=(",", ":"))

@@ -1,0 +1,252 @@
+"""What the controller tracks, computed from the watch caches (pure: no I/O, no clock).
+
+A tracked workload is a Deployment, StatefulSet or bare Pod labelled `ghostgpu.io/tracked=true`
+(by Kyverno) in a namespace labelled `ghostgpu.io/reclaim=enabled`. Its pods are found through
+owner references (Pod -> ReplicaSet -> Deployment, Pod -> StatefulSet) and checked against the
+workload's selector, so a pod that merely shares a name prefix is never attributed to it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Literal
+
+from ghostgpu.controller import keys
+from ghostgpu.quantity import Quantity
+
+Kind = Literal["Deployment", "StatefulSet", "Pod"]
+KINDS: tuple[Kind, ...] = ("Deployment", "StatefulSet", "Pod")
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class WorkloadRef:
+    kind: str
+    namespace: str
+    name: str
+
+    def __str__(self) -> str:
+        return f"{self.kind}/{self.namespace}/{self.name}"
+
+    @property
+    def short(self) -> str:
+        return f"{self.kind.lower()}/{self.name}"
+
+
+@dataclass(frozen=True, slots=True)
+class PodView:
+    """The parts of a Pod the controller needs (kept small: every pod in the cluster is cached)."""
+
+    namespace: str
+    name: str
+    uid: str
+    labels: Mapping[str, str]
+    owner_kind: str | None
+    owner_name: str | None
+    phase: str
+    node_name: str | None
+    deleting: bool
+    started_at: datetime | None
+    gpu_requests: Mapping[str, float]  # resource name -> count, summed over regular containers
+    gpu_container: str | None  # the container that asked for a GPU (the probe target)
+    first_container: str
+    status: Mapping[str, Any]
+
+    @property
+    def running(self) -> bool:
+        return self.phase == "Running" and not self.deleting
+
+    @property
+    def holds_gpus(self) -> bool:
+        """Scheduled and not finished: the scheduler counts its requests against the node."""
+        return bool(self.node_name) and self.phase not in ("Succeeded", "Failed") and bool(self.gpu_requests)
+
+
+@dataclass(frozen=True, slots=True)
+class Workload:
+    ref: WorkloadRef
+    uid: str
+    labels: Mapping[str, str]
+    annotations: Mapping[str, str]
+    created_at: datetime | None
+    replicas: int  # spec.replicas (1 for a bare pod)
+    selector: Mapping[str, Any] | None
+    volumes: int  # PVC volumes + volumeClaimTemplates (blast radius for the risk gate)
+    gpus_per_pod: Mapping[str, float]
+    raw: Mapping[str, Any]
+
+    @property
+    def exempt(self) -> bool:
+        return (
+            self.annotations.get(keys.RECLAIM_POLICY) == "never"
+            or self.annotations.get(keys.GPU_EVICTION_POLICY) == "never"
+        )
+
+    @property
+    def reclaimed_from(self) -> int | None:
+        raw = self.annotations.get(keys.RECLAIMED_FROM)
+        try:
+            return int(raw) if raw is not None else None
+        except ValueError:
+            return None
+
+
+def parse_time(value: str | None) -> datetime | None:
+    if not value:
+        return None
+    try:
+        return datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+
+
+GpuPredicate = Callable[[str], bool]
+GPU_PREFIXES = ("nvidia.com/", "amd.com/gpu", "gpu.intel.com/")
+
+
+def gpu_predicate(known: Iterable[str] = ()) -> GpuPredicate:
+    """A resource counts as a GPU if a flavor names it or it is a well-known accelerator resource
+    (nvidia.com/gpu, nvidia.com/mig-1g.10gb, amd.com/gpu, ...)."""
+    names = frozenset(known)
+    return lambda name: name in names or name.startswith(GPU_PREFIXES)
+
+
+def _gpu_requests(containers: Iterable[Mapping[str, Any]], is_gpu: GpuPredicate) -> dict[str, float]:
+    total: dict[str, float] = {}
+    for c in containers:
+        res = c.get("resources") or {}
+        limits, requests = res.get("limits") or {}, res.get("requests") or {}
+        # Extended resources must have requests == limits: read limits, else requests, once.
+        for name in sorted(set(limits) | set(requests)):
+            if is_gpu(name):
+                qty = limits.get(name, requests.get(name))
+                total[name] = total.get(name, 0.0) + float(Quantity(str(qty)).value)
+    return total
+
+
+def _first_gpu_container(containers: Iterable[Mapping[str, Any]], is_gpu: GpuPredicate) -> str | None:
+    for c in containers:
+        res = c.get("resources") or {}
+        if any(is_gpu(r) for r in (*(res.get("limits") or {}), *(res.get("requests") or {}))):
+            return str(c.get("name"))
+    return None
+
+
+def pod_view(obj: Mapping[str, Any], is_gpu: GpuPredicate) -> PodView:
+    meta = obj.get("metadata") or {}
+    spec = obj.get("spec") or {}
+    status = obj.get("status") or {}
+    owner = next((o for o in meta.get("ownerReferences") or [] if o.get("controller")), None)
+    containers = spec.get("containers") or [{}]
+    return PodView(
+        namespace=meta.get("namespace", ""),
+        name=meta.get("name", ""),
+        uid=meta.get("uid", ""),
+        labels=dict(meta.get("labels") or {}),
+        owner_kind=owner.get("kind") if owner else None,
+        owner_name=owner.get("name") if owner else None,
+        phase=status.get("phase", "Unknown"),
+        node_name=spec.get("nodeName"),
+        deleting=bool(meta.get("deletionTimestamp")),
+        started_at=parse_time(status.get("startTime")) or parse_time(meta.get("creationTimestamp")),
+        gpu_requests=_gpu_requests(containers, is_gpu),
+        gpu_container=_first_gpu_container(containers, is_gpu),
+        first_container=str(containers[0].get("name", "")),
+        status={
+            "containerStatuses": status.get("containerStatuses") or [],
+            "initContainerStatuses": status.get("initContainerStatuses") or [],
+        },
+    )
+
+
+def workload_from(kind: str, obj: Mapping[str, Any], is_gpu: GpuPredicate) -> Workload:
+    meta = obj.get("metadata") or {}
+    spec = obj.get("spec") or {}
+    if kind == "Pod":
+        pod_spec = spec
+        replicas, selector = 1, None
+        vcts = 0
+    else:
+        pod_spec = (spec.get("template") or {}).get("spec") or {}
+        replicas = int(spec.get("replicas", 1) if spec.get("replicas") is not None else 1)
+        selector = spec.get("selector") or {}
+        vcts = len(spec.get("volumeClaimTemplates") or [])
+    pvcs = sum(1 for v in pod_spec.get("volumes") or [] if "persistentVolumeClaim" in v)
+    return Workload(
+        ref=WorkloadRef(kind, meta.get("namespace", ""), meta.get("name", "")),
+        uid=meta.get("uid", ""),
+        labels=dict(meta.get("labels") or {}),
+        annotations=dict(meta.get("annotations") or {}),
+        created_at=parse_time(meta.get("creationTimestamp")),
+        replicas=replicas,
+        selector=selector,
+        volumes=pvcs + vcts,
+        gpus_per_pod=_gpu_requests(pod_spec.get("containers") or [], is_gpu),
+        raw=obj,
+    )
+
+
+def selector_matches(selector: Mapping[str, Any] | None, labels: Mapping[str, str]) -> bool:
+    """metav1.LabelSelector semantics. An empty or missing selector matches nothing here (a
+    workload without a selector cannot own pods, and matching everything would be unsafe)."""
+    if not selector:
+        return False
+    match_labels = selector.get("matchLabels") or {}
+    exprs = selector.get("matchExpressions") or []
+    if not match_labels and not exprs:
+        return False
+    if any(labels.get(k) != v for k, v in match_labels.items()):
+        return False
+    for e in exprs:
+        key, op, values = e.get("key"), e.get("operator"), e.get("values") or []
+        if op == "In" and labels.get(key) not in values:
+            return False
+        if op == "NotIn" and key in labels and labels[key] in values:
+            return False
+        if op == "Exists" and key not in labels:
+            return False
+        if op == "DoesNotExist" and key in labels:
+            return False
+        if op not in ("In", "NotIn", "Exists", "DoesNotExist"):
+            return False
+    return True
+
+
+def owner_workload(pod: PodView) -> WorkloadRef | None:
+    """The Deployment/StatefulSet that owns this pod, or the pod itself if it is bare."""
+    if pod.owner_kind is None:
+        return WorkloadRef("Pod", pod.namespace, pod.name)
+    if pod.owner_kind == "StatefulSet" and pod.owner_name:
+        return WorkloadRef("StatefulSet", pod.namespace, pod.owner_name)
+    if pod.owner_kind == "ReplicaSet" and pod.owner_name:
+        # A Deployment's ReplicaSet is named "<deployment>-<pod-template-hash>".
+        h = pod.labels.get("pod-template-hash")
+        if h and pod.owner_name.endswith(f"-{h}"):
+            return WorkloadRef("Deployment", pod.namespace, pod.owner_name[: -len(h) - 1])
+    return None
+
+
+def pods_by_workload(
+    workloads: Mapping[WorkloadRef, Workload], pods: Iterable[PodView]
+) -> dict[WorkloadRef, list[PodView]]:
+    out: dict[WorkloadRef, list[PodView]] = {ref: [] for ref in workloads}
+    for pod in pods:
+        ref = owner_workload(pod)
+        if ref is None or ref not in workloads:
+            continue
+        wl = workloads[ref]
+        if ref.kind != "Pod" and not selector_matches(wl.selector, pod.labels):
+            continue
+        out[ref].append(pod)
+    for lst in out.values():
+        lst.sort(key=lambda p: p.name)
+    return out
+
+
+def is_tracked(obj_labels: Mapping[str, str]) -> bool:
+    return obj_labels.get(keys.TRACKED_LABEL) == "true"
+
+
+def namespace_opted_in(ns_labels: Mapping[str, str]) -> bool:
+    return ns_labels.get(keys.OPT_IN_LABEL) == keys.OPT_IN_VALUE

@@ -1,0 +1,17 @@
+"""The `ghostgpu.io/` labelling contract (DESIGN §3) as the controller uses it."""
+
+from __future__ import annotations
+
+from ghostgpu.config import OPT_IN_LABEL, OPT_IN_VALUE, TEAM_LABEL, TRACKED_LABEL
+
+__all__ = ["OPT_IN_LABEL", "OPT_IN_VALUE", "TEAM_LABEL", "TRACKED_LABEL"]
+
+RECLAIM_POLICY = "ghostgpu.io/reclaim-policy"  # "never": never act
+GPU_EVICTION_POLICY = "gpu-eviction-policy"  # honoured the same way (DESIGN §3)
+ARTIFACTS = "ghostgpu.io/artifacts"
+VERDICT = "ghostgpu.io/verdict"
+EVIDENCE = "ghostgpu.io/evidence"
+RECLAIMED_FROM = "ghostgpu.io/reclaimed-from-replicas"
+RECLAIMED_AT = "ghostgpu.io/reclaimed-at"
+ESCALATED = "ghostgpu.io/escalated"
+COMPONENT = "ghostgpu-controller"

@@ -1,0 +1,303 @@
+"""Every call the controller makes to the apiserver, on kr8s's asyncio `Api.call_api`.
+
+- `Reflector`: list, then watch from the list's resourceVersion (bookmarks on); on 410 Gone or a
+  broken stream it lists again, so the cache never silently misses a delete. This is how the
+  controller *watches* (never polls) namespaces, tracked workloads and pods.
+- `Cluster`: fresh reads and the few writes the controller is allowed (annotations with an
+  optimistic-concurrency precondition, Events, the scale subresource, the Eviction API). There is
+  deliberately no delete.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import random
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from kr8s._exceptions import ServerError
+
+from ghostgpu.controller import keys
+from ghostgpu.controller.inventory import WorkloadRef
+
+log = logging.getLogger("ghostgpu.controller.kube")
+
+
+@dataclass(frozen=True, slots=True)
+class ResourceType:
+    version: str  # "v1" or "group/version"
+    plural: str
+    namespaced: bool = True
+
+
+NAMESPACES = ResourceType("v1", "namespaces", namespaced=False)
+PODS = ResourceType("v1", "pods")
+NODES = ResourceType("v1", "nodes", namespaced=False)
+DEPLOYMENTS = ResourceType("apps/v1", "deployments")
+STATEFULSETS = ResourceType("apps/v1", "statefulsets")
+CLUSTERQUEUES = ResourceType("kueue.x-k8s.io/v1beta2", "clusterqueues", namespaced=False)
+LEASES = ResourceType("coordination.k8s.io/v1", "leases")
+RESOURCE_OF_KIND = {"Deployment": DEPLOYMENTS, "StatefulSet": STATEFULSETS, "Pod": PODS}
+
+
+class Conflict(Exception):
+    """The object changed since we read it (HTTP 409): someone else acted; do not retry blindly."""
+
+
+class NotFound(Exception):
+    pass
+
+
+def status_of(exc: ServerError) -> int:
+    return exc.response.status_code if exc.response is not None else 0
+
+
+class Reflector:
+    """A list+watch cache of one resource type: `store` maps (namespace, name) -> object."""
+
+    def __init__(
+        self,
+        api: Any,
+        rtype: ResourceType,
+        *,
+        label_selector: str | None = None,
+        transform: Callable[[dict[str, Any]], Any] | None = None,
+        on_change: Callable[[], None] | None = None,
+    ) -> None:
+        self.api = api
+        self.rtype = rtype
+        self.label_selector = label_selector
+        self.transform = transform or (lambda o: o)
+        self.on_change = on_change
+        self.store: dict[tuple[str, str], Any] = {}
+        self.synced = asyncio.Event()
+        self.resource_version: str | None = None
+
+    def _key(self, obj: Mapping[str, Any]) -> tuple[str, str]:
+        meta = obj.get("metadata") or {}
+        return (meta.get("namespace", ""), meta.get("name", ""))
+
+    async def _list(self) -> None:
+        params: dict[str, Any] = {"limit": 500}
+        if self.label_selector:
+            params["labelSelector"] = self.label_selector
+        items: dict[tuple[str, str], Any] = {}
+        while True:
+            async with self.api.call_api(
+                "GET", version=self.rtype.version, url=self.rtype.plural, params=params
+            ) as resp:
+                body = resp.json()
+            for obj in body.get("items") or []:
+                items[self._key(obj)] = self.transform(obj)
+            cont = (body.get("metadata") or {}).get("continue")
+            if not cont:
+                self.resource_version = (body.get("metadata") or {}).get("resourceVersion")
+                break
+            params["continue"] = cont
+        self.store = items
+        self.synced.set()
+        if self.on_change:
+            self.on_change()
+
+    async def _watch(self) -> bool:
+        """Watch until the server ends the stream. Returns False when a relist is needed."""
+        params: dict[str, Any] = {
+            "watch": "true",
+            "allowWatchBookmarks": "true",
+            "timeoutSeconds": 240,
+            "resourceVersion": self.resource_version,
+        }
+        if self.label_selector:
+            params["labelSelector"] = self.label_selector
+        async with self.api.call_api(
+            "GET", version=self.rtype.version, url=self.rtype.plural, params=params, stream=True, timeout=None
+        ) as resp:
+            async for line in resp.aiter_lines():
+                if not line.strip():
+                    continue
+                event = json.loads(line)
+                etype, obj = event.get("type"), event.get("object") or {}
+                if etype == "ERROR":
+                    # 410 Gone: our resourceVersion is too old; anything else: start over too.
+                    return False
+                rv = (obj.get("metadata") or {}).get("resourceVersion")
+                if rv:
+                    self.resource_version = rv
+                if etype == "BOOKMARK":
+                    continue
+                key = self._key(obj)
+                if etype == "DELETED":
+                    self.store.pop(key, None)
+                else:
+                    self.store[key] = self.transform(obj)
+                if self.on_change:
+                    self.on_change()
+        return True
+
+    async def run(self) -> None:
+        backoff = 0.5
+        need_list = True
+        while True:
+            try:
+                if need_list:
+                    await self._list()
+                need_list = not await self._watch()
+                backoff = 0.5
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # network, 5xx, auth: relist after a jittered backoff
+                log.warning(
+                    "watch failed, relisting",
+                    extra={"resource": self.rtype.plural, "error": f"{type(exc).__name__}: {exc}"},
+                )
+                need_list = True
+                await asyncio.sleep(backoff + random.uniform(0, backoff))
+                backoff = min(backoff * 2, 30.0)
+
+
+def now_rfc3339() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class Cluster:
+    """Fresh reads and guarded writes."""
+
+    def __init__(self, api: Any, *, instance: str) -> None:
+        self.api = api
+        self.instance = instance
+
+    async def get(self, ref: WorkloadRef) -> dict[str, Any]:
+        rt = RESOURCE_OF_KIND[ref.kind]
+        try:
+            async with self.api.call_api(
+                "GET", version=rt.version, namespace=ref.namespace, url=f"{rt.plural}/{ref.name}"
+            ) as resp:
+                return dict(resp.json())
+        except ServerError as exc:
+            if status_of(exc) == 404:
+                raise NotFound(str(ref)) from exc
+            raise
+
+    async def list(self, rtype: ResourceType, *, namespace: str | None = None) -> list[dict[str, Any]]:
+        items: list[dict[str, Any]] = []
+        params: dict[str, Any] = {"limit": 500}
+        while True:
+            async with self.api.call_api(
+                "GET", version=rtype.version, namespace=namespace, url=rtype.plural, params=params
+            ) as resp:
+                body = resp.json()
+            items.extend(body.get("items") or [])
+            cont = (body.get("metadata") or {}).get("continue")
+            if not cont:
+                return items
+            params["continue"] = cont
+
+    async def patch_annotations(
+        self,
+        ref: WorkloadRef,
+        annotations: Mapping[str, str | None],
+        *,
+        resource_version: str | None = None,
+    ) -> dict[str, Any]:
+        """Merge-patch annotations (None removes one). With `resource_version`, the patch applies
+        only if the object is unchanged since that read (409 -> Conflict)."""
+        rt = RESOURCE_OF_KIND[ref.kind]
+        meta: dict[str, Any] = {"annotations": dict(annotations)}
+        if resource_version:
+            meta["resourceVersion"] = resource_version
+        try:
+            async with self.api.call_api(
+                "PATCH",
+                version=rt.version,
+                namespace=ref.namespace,
+                url=f"{rt.plural}/{ref.name}",
+                content=json.dumps({"metadata": meta}),
+                headers={"Content-Type": "application/merge-patch+json"},
+            ) as resp:
+                return dict(resp.json())
+        except ServerError as exc:
+            if status_of(exc) == 409:
+                raise Conflict(str(ref)) from exc
+            if status_of(exc) == 404:
+                raise NotFound(str(ref)) from exc
+            raise
+
+    async def scale(self, ref: WorkloadRef, replicas: int) -> None:
+        """Through the scale subresource (needs only `<kind>/scale` patch rights)."""
+        rt = RESOURCE_OF_KIND[ref.kind]
+        async with self.api.call_api(
+            "PATCH",
+            version=rt.version,
+            namespace=ref.namespace,
+            url=f"{rt.plural}/{ref.name}/scale",
+            content=json.dumps({"spec": {"replicas": replicas}}),
+            headers={"Content-Type": "application/merge-patch+json"},
+        ):
+            pass
+
+    async def evict(self, namespace: str, pod: str) -> str:
+        """Eviction API: honours PodDisruptionBudgets. Returns "evicted", "blocked" (429: a PDB
+        forbids it now) or "gone" (404)."""
+        body = {
+            "apiVersion": "policy/v1",
+            "kind": "Eviction",
+            "metadata": {"name": pod, "namespace": namespace},
+        }
+        try:
+            async with self.api.call_api(
+                "POST",
+                version="v1",
+                namespace=namespace,
+                url=f"pods/{pod}/eviction",
+                content=json.dumps(body),
+            ):
+                return "evicted"
+        except ServerError as exc:
+            if status_of(exc) == 429:
+                return "blocked"
+            if status_of(exc) == 404:
+                return "gone"
+            raise
+
+    async def event(
+        self,
+        involved: Mapping[str, Any],
+        *,
+        reason: str,
+        message: str,
+        type_: str = "Normal",
+    ) -> None:
+        """A core/v1 Event on the workload (visible in `kubectl describe`)."""
+        meta = involved.get("metadata") or {}
+        namespace = meta.get("namespace", "default")
+        ts = now_rfc3339()
+        ev = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"generateName": f"{meta.get('name', 'ghostgpu')}.", "namespace": namespace},
+            "involvedObject": {
+                "apiVersion": involved.get("apiVersion", "v1"),
+                "kind": involved.get("kind", ""),
+                "name": meta.get("name", ""),
+                "namespace": namespace,
+                "uid": meta.get("uid", ""),
+                "resourceVersion": meta.get("resourceVersion", ""),
+            },
+            "reason": reason,
+            "message": message[:1024],
+            "type": type_,
+            "source": {"component": keys.COMPONENT},
+            "reportingComponent": keys.COMPONENT,
+            "reportingInstance": self.instance[:128],
+            "firstTimestamp": ts,
+            "lastTimestamp": ts,
+            "count": 1,
+        }
+        async with self.api.call_api(
+            "POST", version="v1", namespace=namespace, url="events", content=json.dumps(ev)
+        ):
+            pass

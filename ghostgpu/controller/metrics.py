@@ -1,0 +1,105 @@
+"""The controller's Prometheus metrics (one registry per controller instance, so tests and two
+replicas in one process never share counters)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from ghostgpu.controller.accounting import FlavorAccount
+
+
+class ControllerMetrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        r = self.registry = registry or CollectorRegistry()
+        self.ghost_gpus = Gauge(
+            "ghostgpu_ghost_gpus",
+            "GPUs held by tracked workloads outside Kueue, by namespace, flavor and latest verdict.",
+            ["namespace", "flavor", "verdict"],
+            registry=r,
+        )
+        self.workloads = Gauge(
+            "ghostgpu_tracked_workloads", "Tracked workloads by state.", ["state"], registry=r
+        )
+        self.reclaims = Counter(
+            "ghostgpu_reclaims_total",
+            "Reclaim actions taken (enforce mode), by namespace, verdict and action.",
+            ["namespace", "verdict", "action"],
+            registry=r,
+        )
+        self.would_reclaims = Counter(
+            "ghostgpu_would_reclaims_total",
+            "Reclaims shadow mode would have taken (counted when the verdict turns reclaimable).",
+            ["namespace", "verdict"],
+            registry=r,
+        )
+        self.escalations = Counter(
+            "ghostgpu_escalations_total",
+            "Actions handed to a person by the risk gate.",
+            ["namespace", "action"],
+            registry=r,
+        )
+        self.gpu_hours_recovered = Counter(
+            "ghostgpu_gpu_hours_recovered_total",
+            "GPU-hours freed by reclaimed workloads (accrued every poll while they stay reclaimed).",
+            ["namespace", "flavor"],
+            registry=r,
+        )
+        self.gpu_hours_reclaimable = Counter(
+            "ghostgpu_gpu_hours_reclaimable_total",
+            "GPU-hours held by workloads judged reclaimable (what shadow mode would have recovered).",
+            ["namespace", "flavor"],
+            registry=r,
+        )
+        self.signal_failures = Counter(
+            "ghostgpu_signal_failures_total",
+            "Failed signal readings by source and reason.",
+            ["source", "reason"],
+            registry=r,
+        )
+        self.poll_duration = Histogram(
+            "ghostgpu_poll_duration_seconds",
+            "Wall time of one reconcile poll (query, probes, verdicts, writes).",
+            buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
+            registry=r,
+        )
+        self.leader = Gauge("ghostgpu_leader", "1 while this replica holds the lease.", registry=r)
+        self.flavor_gpus = Gauge(
+            "ghostgpu_flavor_gpus",
+            "Accounting gap per flavor: allocatable, kueue_admitted, kueue_nominal, held_outside_kueue, "
+            "truly_free, kueue_believes_free (same numbers as `ghostgpu status`).",
+            ["flavor", "kind"],
+            registry=r,
+        )
+        self.flavor_outside = Gauge(
+            "ghostgpu_flavor_outside_kueue_gpus",
+            "GPUs held outside Kueue per flavor, split by verdict.",
+            ["flavor", "verdict"],
+            registry=r,
+        )
+
+    def set_accounting(self, accounts: Iterable[FlavorAccount]) -> None:
+        self.flavor_outside.clear()
+        for a in accounts:
+            for kind, value in (
+                ("allocatable", a.allocatable),
+                ("kueue_nominal", a.kueue_nominal),
+                ("kueue_admitted", a.kueue_admitted),
+                ("held_outside_kueue", a.held_outside_kueue),
+                ("truly_free", a.truly_free),
+                ("kueue_believes_free", a.kueue_believes_free),
+            ):
+                self.flavor_gpus.labels(a.flavor, kind).set(value)
+            for verdict, value in a.outside_kueue.items():
+                self.flavor_outside.labels(a.flavor, verdict).set(value)
+
+    def set_ghosts(self, rows: Mapping[tuple[str, str, str], float]) -> None:
+        self.ghost_gpus.clear()
+        for (ns, flavor, verdict), value in rows.items():
+            self.ghost_gpus.labels(ns, flavor, verdict).set(value)
+
+    def set_workload_states(self, counts: Mapping[str, int]) -> None:
+        self.workloads.clear()
+        for state, n in counts.items():
+            self.workloads.labels(state).set(n)

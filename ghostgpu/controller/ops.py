@@ -1,0 +1,121 @@
+"""One-shot operations behind `ghostgpu restore` and `ghostgpu status` (they talk to the cluster
+directly; no controller needs to run)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ghostgpu.controller import keys
+from ghostgpu.controller.accounting import FlavorAccount, FlavorSpec, node_flavor
+from ghostgpu.controller.app import LoadedConfig, _kube_api, _slim_node, discover_flavors
+from ghostgpu.controller.inventory import WorkloadRef, gpu_predicate, pod_view, workload_from
+from ghostgpu.controller.kube import (
+    CLUSTERQUEUES,
+    DEPLOYMENTS,
+    NAMESPACES,
+    NODES,
+    PODS,
+    STATEFULSETS,
+    Cluster,
+)
+from ghostgpu.controller.reconciler import Snapshot, accounting_from
+
+KIND_ALIASES = {
+    "deployment": "Deployment",
+    "deployments": "Deployment",
+    "deploy": "Deployment",
+    "statefulset": "StatefulSet",
+    "statefulsets": "StatefulSet",
+    "sts": "StatefulSet",
+    "pod": "Pod",
+    "pods": "Pod",
+    "po": "Pod",
+}
+
+
+class RestoreError(Exception):
+    pass
+
+
+def parse_target(target: str, namespace: str) -> WorkloadRef:
+    kind, sep, name = target.partition("/")
+    if not sep or not name or kind.lower() not in KIND_ALIASES:
+        raise RestoreError(f"expected KIND/NAME with KIND deployment or statefulset, got {target!r}")
+    return WorkloadRef(KIND_ALIASES[kind.lower()], namespace, name)
+
+
+@dataclass(frozen=True)
+class Restored:
+    ref: WorkloadRef
+    replicas: int
+
+
+async def restore(target: str, namespace: str, *, kubeconfig: str | None = None) -> Restored:
+    """Scale back to `ghostgpu.io/reclaimed-from-replicas` and clear the reclaim annotations.
+
+    The annotation is removed with a resourceVersion precondition so that two concurrent restores
+    cannot both succeed; the verdict annotations are cleared too, so the controller judges the
+    restored pods from scratch (after their start-up grace) and records the next verdict anew.
+    """
+    ref = parse_target(target, namespace)
+    if ref.kind == "Pod":
+        raise RestoreError("an evicted bare Pod cannot be scaled back; re-create it from its manifest")
+    cluster = Cluster(await _kube_api(kubeconfig), instance="ghostgpu-restore")
+    obj = await cluster.get(ref)
+    meta = obj.get("metadata") or {}
+    raw = (meta.get("annotations") or {}).get(keys.RECLAIMED_FROM)
+    if raw is None:
+        raise RestoreError(
+            f"{ref.short} in {namespace} has no {keys.RECLAIMED_FROM} annotation: not reclaimed"
+        )
+    try:
+        replicas = int(raw)
+    except ValueError as exc:
+        raise RestoreError(f"{keys.RECLAIMED_FROM}={raw!r} is not a replica count") from exc
+    if replicas < 1:
+        raise RestoreError(f"{keys.RECLAIMED_FROM}={replicas}: nothing to restore")
+    await cluster.patch_annotations(
+        ref,
+        {keys.RECLAIMED_FROM: None, keys.RECLAIMED_AT: None, keys.VERDICT: None, keys.EVIDENCE: None},
+        resource_version=meta.get("resourceVersion"),
+    )
+    await cluster.scale(ref, replicas)
+    await cluster.event(
+        obj, reason="Restored", message=f"ghostgpu restore: scaled {ref.short} back to {replicas} replicas"
+    )
+    return Restored(ref, replicas)
+
+
+async def status(loaded: LoadedConfig, *, kubeconfig: str | None = None) -> list[FlavorAccount]:
+    """The accounting gap from the cluster as it is now (verdicts from the workloads' annotations)."""
+    api = await _kube_api(kubeconfig)
+    cluster = Cluster(api, instance="ghostgpu-status")
+    is_gpu = gpu_predicate([f.resource for f in loaded.flavors or []])
+    flavors: list[FlavorSpec] = loaded.flavors or await discover_flavors(cluster, is_gpu)
+    tracked: dict[WorkloadRef, Any] = {}
+    for kind, rt in (("Deployment", DEPLOYMENTS), ("StatefulSet", STATEFULSETS), ("Pod", PODS)):
+        for obj in await cluster.list(rt):
+            labels = (obj.get("metadata") or {}).get("labels") or {}
+            if labels.get(keys.TRACKED_LABEL) != "true":
+                continue
+            owners = (obj.get("metadata") or {}).get("ownerReferences") or []
+            if kind == "Pod" and any(o.get("controller") for o in owners):
+                continue
+            wl = workload_from(kind, obj, is_gpu)
+            tracked[wl.ref] = wl
+    namespaces = {
+        (n.get("metadata") or {}).get("name", ""): dict((n.get("metadata") or {}).get("labels") or {})
+        for n in await cluster.list(NAMESPACES)
+    }
+    nodes = [_slim_node(n) for n in await cluster.list(NODES)]
+    for n in nodes:
+        f = node_flavor(n, flavors)
+        n["_flavor"] = f.name if f else "unknown"
+    pods = [pod_view(p, is_gpu) for p in await cluster.list(PODS)]
+    try:
+        cqs = await cluster.list(CLUSTERQUEUES)
+    except Exception:
+        cqs = []
+    snap = Snapshot(namespaces=namespaces, workloads=tracked, pods=pods, nodes=nodes)
+    return accounting_from(flavors, snap, cqs)

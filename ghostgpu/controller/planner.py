@@ -1,0 +1,82 @@
+"""What to do about one verdict (pure): record it, and whether to reclaim, only pretend (shadow),
+leave it alone, or hand it to a person. Every reclaim passes the risk gate of `ghostgpu.autonomy`
+and the per-verdict switch of the config; nothing here ever plans a delete.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import yaml
+
+from ghostgpu.autonomy import ActionClass, AutonomyConfig, Decision, WorkloadFacts, decide_action
+from ghostgpu.config import ControllerConfig
+from ghostgpu.controller.inventory import Workload
+from ghostgpu.verdict import RECLAIMABLE_KINDS, Verdict, VerdictKind
+
+ActionKind = Literal["none", "would-reclaim", "scale-to-zero", "evict", "escalate", "disabled"]
+
+
+@dataclass(frozen=True)
+class Plan:
+    record: bool  # the verdict changed: write annotations and emit an Event
+    action: ActionKind
+    decision: Decision | None = None
+    note: str = ""
+
+
+def action_class(workload: Workload) -> ActionClass:
+    return ActionClass.EVICT_POD if workload.ref.kind == "Pod" else ActionClass.SCALE_TO_ZERO
+
+
+def manifest_lines(workload: Workload) -> int:
+    obj = {k: v for k, v in workload.raw.items() if k != "status"}
+    meta = dict(obj.get("metadata") or {})
+    meta.pop("managedFields", None)
+    obj["metadata"] = meta
+    return len(yaml.safe_dump(obj, sort_keys=True).splitlines())
+
+
+def facts_for(workload: Workload, team: str | None) -> WorkloadFacts:
+    gpus_per_pod = sum(workload.gpus_per_pod.values())
+    return WorkloadFacts(
+        kind=workload.ref.kind,
+        name=workload.ref.name,
+        namespace=workload.ref.namespace,
+        gpus=gpus_per_pod * workload.replicas,
+        replicas=workload.replicas,
+        volumes=workload.volumes,
+        manifest_lines=manifest_lines(workload),
+        workload_tenant=team,
+        action_tenant=None,  # the platform acts for itself, on behalf of no other tenant
+    )
+
+
+def plan(
+    workload: Workload,
+    verdict: Verdict,
+    previous: VerdictKind | None,
+    cfg: ControllerConfig,
+    *,
+    team: str | None = None,
+    autonomy: AutonomyConfig | None = None,
+) -> Plan:
+    record = previous != verdict.kind
+    if verdict.kind not in RECLAIMABLE_KINDS:
+        return Plan(record, "none")
+    if workload.exempt:  # belt and braces: exempt workloads are filtered before judging
+        return Plan(record, "none", note="exempt")
+    if cfg.mode == "shadow":
+        return Plan(record, "would-reclaim", note="shadow mode: nothing touched")
+    if not cfg.actions.reclaim.allows(verdict.kind.value):
+        return Plan(record, "disabled", note=f"actions.reclaim.{verdict.kind.value} is false")
+    cls = action_class(workload)
+    decision = decide_action(
+        verdict.kind.value, cls.value, facts_for(workload, team), autonomy or cfg.autonomy
+    )
+    if not decision.autonomous:
+        return Plan(record, "escalate", decision, decision.reason)
+    return Plan(
+        record, "evict" if cls is ActionClass.EVICT_POD else "scale-to-zero", decision, decision.reason
+    )

@@ -1,0 +1,524 @@
+"""The reconcile loop: watch caches -> one batched signal poll -> verdicts -> guarded actions.
+
+Per poll (every `pollInterval`):
+  1. From the watch caches: tracked workloads in opted-in namespaces, their running pods; skip
+     exempt ones, those inside the start-up grace period, and those with no running pod (their
+     sample window is reset so old zeros never count again).
+  2. ONE PromQL query for all their pods; one sample per workload into its ring.
+  3. Process listings (exec, bounded concurrency) only for workloads whose window is all zero;
+     artifact sizes for workloads whose newest sample is zero; faults from pod status + XIDs.
+  4. `verdict.decide()` -> `planner.plan()` -> (leader only) annotations + Event when the verdict
+     changes, and the reclaim itself: re-read the object, refuse if it is already at zero or now
+     exempt, record `reclaimed-from-replicas` with a resourceVersion precondition, then scale.
+Followers run steps 1-3 too (their windows stay warm for a failover) but never write.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from ghostgpu.autonomy import AutonomyConfig
+from ghostgpu.config import ControllerConfig
+from ghostgpu.controller import keys
+from ghostgpu.controller.accounting import FlavorAccount, FlavorSpec, account, node_flavor
+from ghostgpu.controller.decisions import Decision, DecisionLog
+from ghostgpu.controller.evidence import (
+    WorkloadState,
+    assemble,
+    evidence_json,
+    evidence_summary,
+    policy_from_config,
+)
+from ghostgpu.controller.inventory import (
+    PodView,
+    Workload,
+    WorkloadRef,
+    namespace_opted_in,
+    pods_by_workload,
+)
+from ghostgpu.controller.kube import Cluster, Conflict, NotFound
+from ghostgpu.controller.metrics import ControllerMetrics
+from ghostgpu.controller.planner import Plan, plan
+from ghostgpu.signals.artifacts import (
+    FileArtifactProbe,
+    FileTarget,
+    InvalidArtifactURI,
+    Measurement,
+    S3ArtifactProbe,
+    S3Target,
+    parse_artifact_uri,
+)
+from ghostgpu.signals.faults import fault_observation
+from ghostgpu.signals.podexec import PodRef
+from ghostgpu.signals.processes import ProcessSource, merge_listings
+from ghostgpu.signals.utilization import PodKey, PodReading, UtilizationSource, workload_sample
+from ghostgpu.verdict import (
+    RECLAIMABLE_KINDS,
+    FailureReason,
+    ProcessInfo,
+    SignalFailure,
+    Verdict,
+    VerdictKind,
+    decide,
+)
+
+log = logging.getLogger("ghostgpu.controller")
+
+
+@dataclass
+class Snapshot:
+    """What the watch caches hold at the start of a poll."""
+
+    namespaces: Mapping[str, Mapping[str, str]]  # name -> labels
+    workloads: Mapping[WorkloadRef, Workload]  # tracked, any namespace
+    pods: Sequence[PodView]  # every pod
+    nodes: Sequence[Mapping[str, Any]]
+
+
+@dataclass
+class Judged:
+    workload: Workload
+    pods: list[PodView]
+    verdict: Verdict
+    summary: dict[str, object]
+    plan: Plan
+
+
+@dataclass
+class PollResult:
+    started: float
+    duration: float = 0.0
+    states: Counter[str] = field(default_factory=Counter)
+    judged: dict[WorkloadRef, Judged] = field(default_factory=dict)
+    actions: list[tuple[WorkloadRef, str]] = field(default_factory=list)
+    accounts: list[FlavorAccount] = field(default_factory=list)
+
+
+class Reconciler:
+    def __init__(
+        self,
+        cfg: ControllerConfig,
+        *,
+        cluster: Cluster,
+        utilization: UtilizationSource,
+        processes: ProcessSource,
+        files: FileArtifactProbe,
+        s3: S3ArtifactProbe | None,
+        metrics: ControllerMetrics,
+        decision_log: DecisionLog,
+        is_leader: Callable[[], bool] = lambda: True,
+        clock: Callable[[], float] = time.time,
+        autonomy: AutonomyConfig | None = None,
+        escalate: Callable[..., Any] | None = None,
+    ) -> None:
+        self.cfg = cfg
+        self.policy = policy_from_config(cfg)
+        self.cluster = cluster
+        self.utilization = utilization
+        self.processes = processes
+        self.files = files
+        self.s3 = s3
+        self.metrics = metrics
+        self.decision_log = decision_log
+        self.is_leader = is_leader
+        self.clock = clock
+        self.autonomy = autonomy or cfg.autonomy
+        self.escalate = escalate
+        self.states: dict[WorkloadRef, WorkloadState] = {}
+        self.poll_count = 0
+        self.last_poll_end: float | None = None
+
+    # --- step 1: what to judge ------------------------------------------------------------------
+
+    def eligible(
+        self, snap: Snapshot, now: float, result: PollResult
+    ) -> dict[WorkloadRef, tuple[Workload, list[PodView], WorkloadState]]:
+        opted_in = {ns for ns, labels in snap.namespaces.items() if namespace_opted_in(labels)}
+        workloads = {ref: wl for ref, wl in snap.workloads.items() if ref.namespace in opted_in}
+        pods_of = pods_by_workload(workloads, snap.pods)
+        # Namespaces that opted out, deleted workloads: forget them entirely.
+        for ref in list(self.states):
+            if ref not in workloads:
+                del self.states[ref]
+        out: dict[WorkloadRef, tuple[Workload, list[PodView], WorkloadState]] = {}
+        grace = self.cfg.startup_grace.total_seconds()
+        for ref, wl in sorted(workloads.items()):
+            st = self.states.get(ref)
+            if st is None or st.uid != wl.uid:
+                st = self.states[ref] = WorkloadState.new(wl.uid, self.cfg)
+            running = [p for p in pods_of[ref] if p.running]
+            if wl.exempt:
+                result.states["exempt"] += 1
+                st.reset_window()
+                continue
+            if not running:
+                result.states["reclaimed" if wl.reclaimed_from is not None else "no-running-pod"] += 1
+                st.reset_window()
+                continue
+            starts = [p.started_at.timestamp() for p in running if p.started_at]
+            if wl.created_at:
+                starts.append(wl.created_at.timestamp())
+            if starts and now - max(starts) < grace:
+                result.states["grace"] += 1
+                st.reset_window()
+                continue
+            pod_uids = frozenset(p.uid for p in running)
+            if st.pod_uids and pod_uids != st.pod_uids:
+                st.reset_window()  # pods were replaced: their history is not this window's
+            st.pod_uids = pod_uids
+            st.artifact_target = self._artifact_target(wl)
+            out[ref] = (wl, running, st)
+        return out
+
+    @staticmethod
+    def _artifact_target(wl: Workload) -> FileTarget | S3Target | SignalFailure | None:
+        uri = wl.annotations.get(keys.ARTIFACTS)
+        if not uri:
+            return None
+        try:
+            return parse_artifact_uri(uri)
+        except InvalidArtifactURI as exc:
+            return SignalFailure(reason=FailureReason.OTHER, detail=f"invalid {keys.ARTIFACTS}: {exc}")
+
+    # --- steps 2-3: signals -----------------------------------------------------------------------
+
+    def _probe_pod(self, pod: PodView) -> PodRef:
+        return PodRef(pod.namespace, pod.name, pod.gpu_container or pod.first_container)
+
+    async def _measure(
+        self, wl: Workload, pods: list[PodView], st: WorkloadState
+    ) -> Measurement | SignalFailure:
+        target = st.artifact_target
+        if isinstance(target, S3Target):
+            if self.s3 is None:
+                return SignalFailure(reason=FailureReason.OTHER, detail="no S3 client configured")
+            return await self.s3.measure(target)
+        assert isinstance(target, FileTarget)
+        return await self.files.measure(self._probe_pod(pods[0]), target)
+
+    async def gather(
+        self, eligible: Mapping[WorkloadRef, tuple[Workload, list[PodView], WorkloadState]], now: float
+    ) -> tuple[dict[WorkloadRef, tuple[ProcessInfo, ...] | SignalFailure | None], dict[PodKey, PodReading]]:
+        keys_ = [PodKey(p.namespace, p.name) for _, pods, _ in eligible.values() for p in pods]
+        readings = await self.utilization.poll(keys_, now=now)
+        for reading in readings.values():
+            if isinstance(reading.utilization, SignalFailure):
+                self.metrics.signal_failures.labels("utilization", reading.utilization.reason.value).inc()
+        for _ref, (_wl, pods, st) in eligible.items():
+            st.ring.push(workload_sample(readings[PodKey(p.namespace, p.name)] for p in pods))
+
+        # Processes only once the window is all zero; artifacts from the first zero sample on, so
+        # that the window's start has a measurement by the time the window is complete.
+        window, thr = self.cfg.window, self.cfg.zero_threshold
+        proc_refs = [r for r, (_, _, st) in eligible.items() if st.ring.newest_all_zero(window, thr)]
+        art_refs = [
+            r
+            for r, (_, _, st) in eligible.items()
+            if isinstance(st.artifact_target, FileTarget | S3Target) and st.ring.newest_all_zero(1, thr)
+        ]
+        proc_pods = {r: [self._probe_pod(p) for p in eligible[r][1]] for r in proc_refs}
+        flat = [p for lst in proc_pods.values() for p in lst]
+        listings_task = asyncio.ensure_future(self.processes.list_many(flat))
+        measurements = await asyncio.gather(*(self._measure(*eligible[r]) for r in art_refs))
+        listings = await listings_task
+        processes: dict[WorkloadRef, tuple[ProcessInfo, ...] | SignalFailure | None] = {
+            r: None for r in eligible
+        }
+        for r, lst in proc_pods.items():
+            merged = merge_listings([listings[p] for p in lst])
+            processes[r] = merged
+            if isinstance(merged, SignalFailure):
+                self.metrics.signal_failures.labels("processes", merged.reason.value).inc()
+        measured = dict(zip(art_refs, measurements, strict=True))
+        for r, (_, _, st) in eligible.items():
+            if isinstance(st.artifact_target, FileTarget | S3Target):
+                m = measured.get(r)
+                st.artifacts.push(m)
+                if isinstance(m, SignalFailure):
+                    self.metrics.signal_failures.labels("artifacts", m.reason.value).inc()
+        return processes, readings
+
+    # --- the poll --------------------------------------------------------------------------------
+
+    async def poll_once(self, snap: Snapshot) -> PollResult:
+        now = self.clock()
+        t0 = time.monotonic()
+        result = PollResult(started=now)
+        self.poll_count += 1
+        eligible = self.eligible(snap, now, result)
+        processes, readings = await self.gather(eligible, now)
+        leader = self.is_leader()
+        decisions: list[Decision] = []
+        for ref, (wl, pods, st) in eligible.items():
+            xids = [x for p in pods for x in readings[PodKey(p.namespace, p.name)].xids]
+            faults = fault_observation([p.status for p in pods], xids)
+            if isinstance(faults, SignalFailure):
+                self.metrics.signal_failures.labels("faults", faults.reason.value).inc()
+            evidence = assemble(st, window=self.cfg.window, processes=processes[ref], faults=faults)
+            verdict = decide(evidence, self.policy)
+            summary = evidence_summary(evidence, verdict, self.cfg.window)
+            previous = _verdict_of(wl)
+            team = snap.namespaces.get(ref.namespace, {}).get(keys.TEAM_LABEL)
+            p = plan(wl, verdict, previous, self.cfg, team=team, autonomy=self.autonomy)
+            result.judged[ref] = Judged(wl, pods, verdict, summary, p)
+            result.states[verdict.kind.value] += 1
+            st.last_verdict = verdict.kind
+            gpus = sum(wl.gpus_per_pod.values()) * len(pods)
+            decisions.append(
+                Decision(
+                    ts=now,
+                    poll=self.poll_count,
+                    workload=str(ref),
+                    verdict=verdict.kind.value,
+                    reasons=[r.value for r in verdict.reasons],
+                    gpus=gpus,
+                    mode=self.cfg.mode,
+                    action=p.action,
+                    interval_s=self.cfg.poll_interval.total_seconds(),
+                )
+            )
+            if leader:
+                try:
+                    outcome = await self.apply(wl, pods, st, verdict, summary, p)
+                except Exception as exc:  # one workload's failure must not stop the poll
+                    log.exception("action failed", extra={"workload": str(ref), "error": str(exc)})
+                    outcome = "error"
+                if outcome != "none":
+                    result.actions.append((ref, outcome))
+        if leader:
+            self.decision_log.append(decisions)
+            self._accrue(snap, result)
+        result.duration = time.monotonic() - t0
+        self.metrics.poll_duration.observe(result.duration)
+        self.metrics.set_workload_states(result.states)
+        self.last_poll_end = self.clock()
+        log.info(
+            "poll",
+            extra={
+                "poll": self.poll_count,
+                "leader": leader,
+                "durationS": round(result.duration, 3),
+                "states": dict(result.states),
+                "actions": [f"{r}:{a}" for r, a in result.actions],
+            },
+        )
+        return result
+
+    # --- step 4: writes (leader only) ----------------------------------------------------------
+
+    async def apply(
+        self,
+        wl: Workload,
+        pods: list[PodView],
+        st: WorkloadState,
+        verdict: Verdict,
+        summary: dict[str, object],
+        p: Plan,
+    ) -> str:
+        ref = wl.ref
+        ns = ref.namespace
+        outcome = "none"
+        if p.record:
+            await self.cluster.patch_annotations(
+                ref, {keys.VERDICT: verdict.kind.value, keys.EVIDENCE: evidence_json(summary)}
+            )
+            previous = _verdict_of(wl) or "none"
+            await self.cluster.event(
+                wl.raw,
+                reason=f"Verdict{_camel(verdict.kind.value)}",
+                message=f"ghostgpu verdict {verdict.kind.value} (was {previous}): "
+                + ", ".join(r.value for r in verdict.reasons),
+                type_="Warning" if verdict.kind in RECLAIMABLE_KINDS else "Normal",
+            )
+            outcome = "recorded"
+            if p.action == "would-reclaim":
+                self.metrics.would_reclaims.labels(ns, verdict.kind.value).inc()
+                await self.cluster.event(
+                    wl.raw,
+                    reason="WouldReclaim",
+                    message=f"shadow mode: would {'evict' if ref.kind == 'Pod' else 'scale to 0'} "
+                    f"{ref.short} ({verdict.kind.value}); nothing was touched",
+                )
+                outcome = "would-reclaim"
+        if p.action == "scale-to-zero":
+            outcome = await self.scale_to_zero(wl, verdict)
+        elif p.action == "evict":
+            outcome = await self.evict(wl, pods, verdict)
+        elif p.action == "escalate" and st.escalated_for != verdict.kind and p.decision is not None:
+            st.escalated_for = verdict.kind
+            outcome = await self._escalate(wl, verdict, p)
+        if verdict.kind not in RECLAIMABLE_KINDS:
+            st.escalated_for = None
+        return outcome
+
+    async def scale_to_zero(self, wl: Workload, verdict: Verdict) -> str:
+        ref = wl.ref
+        try:
+            fresh = await self.cluster.get(ref)
+        except NotFound:
+            return "gone"
+        meta = fresh.get("metadata") or {}
+        ann = meta.get("annotations") or {}
+        replicas = int((fresh.get("spec") or {}).get("replicas", 1) or 0)
+        if replicas == 0:
+            return "already-zero"  # someone (the other replica, a person) already did it
+        if ann.get(keys.RECLAIM_POLICY) == "never" or ann.get(keys.GPU_EVICTION_POLICY) == "never":
+            return "exempt"
+        if not self.is_leader():
+            return "not-leader"
+        try:
+            await self.cluster.patch_annotations(
+                ref,
+                {
+                    keys.RECLAIMED_FROM: str(replicas),
+                    keys.RECLAIMED_AT: datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+                },
+                resource_version=meta.get("resourceVersion"),
+            )
+        except Conflict:
+            return "conflict"  # the object changed since we read it: judge again next poll
+        await self.cluster.scale(ref, 0)
+        self.metrics.reclaims.labels(ref.namespace, verdict.kind.value, "scale-to-zero").inc()
+        await self.cluster.event(
+            fresh,
+            reason="Reclaimed",
+            message=f"scaled {ref.short} from {replicas} to 0 replicas ({verdict.kind.value}); "
+            f"undo: ghostgpu restore {ref.short} -n {ref.namespace}",
+            type_="Warning",
+        )
+        log.warning(
+            "reclaimed", extra={"workload": str(ref), "fromReplicas": replicas, "verdict": verdict.kind}
+        )
+        return "scaled-to-zero"
+
+    async def evict(self, wl: Workload, pods: list[PodView], verdict: Verdict) -> str:
+        ref = wl.ref
+        try:
+            fresh = await self.cluster.get(ref)
+        except NotFound:
+            return "gone"
+        meta = fresh.get("metadata") or {}
+        ann = meta.get("annotations") or {}
+        if meta.get("deletionTimestamp"):
+            return "already-terminating"
+        if ann.get(keys.RECLAIM_POLICY) == "never" or ann.get(keys.GPU_EVICTION_POLICY) == "never":
+            return "exempt"
+        if not self.is_leader():
+            return "not-leader"
+        outcome = await self.cluster.evict(ref.namespace, ref.name)
+        if outcome == "evicted":
+            self.metrics.reclaims.labels(ref.namespace, verdict.kind.value, "evict").inc()
+            await self.cluster.event(
+                fresh,
+                reason="Reclaimed",
+                message=f"evicted {ref.short} ({verdict.kind.value})",
+                type_="Warning",
+            )
+        elif outcome == "blocked":
+            await self.cluster.event(
+                fresh,
+                reason="EvictionBlocked",
+                message="a PodDisruptionBudget forbids evicting it now; retrying next poll",
+                type_="Warning",
+            )
+        return f"evict-{outcome}"
+
+    async def _escalate(self, wl: Workload, verdict: Verdict, p: Plan) -> str:
+        from ghostgpu.escalation import annotation_value
+
+        assert p.decision is not None
+        self.metrics.escalations.labels(wl.ref.namespace, p.decision.action).inc()
+        now = datetime.now(UTC)
+        await self.cluster.patch_annotations(wl.ref, {keys.ESCALATED: annotation_value(p.decision, now=now)})
+        await self.cluster.event(
+            wl.raw,
+            reason="ReclaimEscalated",
+            message=f"{verdict.kind.value}: {p.decision.reason}",
+            type_="Warning",
+        )
+        if self.escalate is not None:
+            await self.escalate(p.decision, wl)
+        return "escalated"
+
+    def _accrue(self, snap: Snapshot, result: PollResult) -> None:
+        """Ghost GPUs gauge and the GPU-hour counters (leader only, once per poll)."""
+        hours = self.cfg.poll_interval.total_seconds() / 3600.0
+        flavors_by_node = {
+            (n.get("metadata") or {}).get("name", ""): n.get("_flavor", "unknown") for n in snap.nodes
+        }
+        ghosts: Counter[tuple[str, str, str]] = Counter()
+        for ref, j in result.judged.items():
+            for pod in j.pods:
+                flavor = flavors_by_node.get(pod.node_name or "", "unknown")
+                gpus = sum(pod.gpu_requests.values())
+                ghosts[(ref.namespace, flavor, j.verdict.kind.value)] += gpus
+                if j.verdict.kind in RECLAIMABLE_KINDS:
+                    self.metrics.gpu_hours_reclaimable.labels(ref.namespace, flavor).inc(gpus * hours)
+        self.metrics.set_ghosts(ghosts)
+        for ref, wl in snap.workloads.items():
+            if wl.reclaimed_from and wl.replicas == 0:
+                gpus = sum(wl.gpus_per_pod.values()) * wl.reclaimed_from
+                self.metrics.gpu_hours_recovered.labels(ref.namespace, "all").inc(gpus * hours)
+
+
+def _verdict_of(wl: Workload) -> VerdictKind | None:
+    raw = wl.annotations.get(keys.VERDICT)
+    try:
+        return VerdictKind(raw) if raw else None
+    except ValueError:
+        return None
+
+
+def _camel(kind: str) -> str:
+    return "".join(part.capitalize() for part in kind.split("_"))
+
+
+def outside_kueue_buckets(
+    judged: Mapping[WorkloadRef, Judged],
+    workloads: Mapping[WorkloadRef, Workload],
+    pods_of: Mapping[WorkloadRef, list[PodView]],
+) -> dict[tuple[str, str], str]:
+    """(namespace, pod) -> verdict bucket for every pod of a tracked workload."""
+    out: dict[tuple[str, str], str] = {}
+    for ref, wl in workloads.items():
+        if ref in judged:
+            bucket = judged[ref].verdict.kind.value
+        elif wl.exempt:
+            bucket = "EXEMPT"
+        else:
+            bucket = _verdict_of(wl) or "PENDING"
+            bucket = str(bucket.value if isinstance(bucket, VerdictKind) else bucket)
+        for pod in pods_of.get(ref, []):
+            out[(pod.namespace, pod.name)] = bucket
+    return out
+
+
+def accounting_from(
+    flavors: Sequence[FlavorSpec],
+    snap: Snapshot,
+    cluster_queues: Sequence[Mapping[str, Any]],
+    judged: Mapping[WorkloadRef, Judged] | None = None,
+) -> list[FlavorAccount]:
+    opted_in = {ns for ns, labels in snap.namespaces.items() if namespace_opted_in(labels)}
+    workloads = {ref: wl for ref, wl in snap.workloads.items() if ref.namespace in opted_in}
+    pods_of = pods_by_workload(workloads, snap.pods)
+    buckets = outside_kueue_buckets(judged or {}, workloads, pods_of)
+    return account(flavors, snap.nodes, snap.pods, cluster_queues, buckets)
+
+
+__all__ = [
+    "Judged",
+    "PollResult",
+    "Reconciler",
+    "Snapshot",
+    "accounting_from",
+    "node_flavor",
+    "outside_kueue_buckets",
+]
