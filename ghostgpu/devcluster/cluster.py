@@ -36,6 +36,7 @@ from ghostgpu.devcluster.paths import REPO_ROOT, Toolchain, cache_root
 ALL_ADDONS = ("kueue", "kyverno", "prometheus")
 # The Kueue manager runs the Configuration the project renders (kueue/ bundle), when present.
 RENDERED_KUEUE_CONFIG = REPO_ROOT / "kueue" / "kueue-manager-config.yaml"
+KUEUE_METRICS_CERT_DIR = Path("/etc/kueue/metrics/certs")
 
 
 def default_state_dir() -> Path:
@@ -196,7 +197,14 @@ class _Starter:
         self.logs.mkdir(parents=True)
         self.pki = CertAuthority(state_dir / "pki")
         names = ["etcd", "etcd_peer", "apiserver", "kcm", "scheduler", "kwok", "kueue_webhook"]
-        names += ["kueue_health", "kueue_metrics", "kyverno_webhook", "kyverno_metrics", "kyverno_bg_metrics"]
+        names += [
+            "kueue_health",
+            "kueue_metrics",
+            "kueue_visibility",
+            "kyverno_webhook",
+            "kyverno_metrics",
+            "kyverno_bg_metrics",
+        ]
         names += ["dcgm", "prometheus"]
         self.ports = {n: procs.free_port() for n in names}
         self.kubeconfig = state_dir / "kubeconfig"
@@ -465,9 +473,32 @@ class _Starter:
         self.kube.apply_all(
             components.kueue_webhook_configs(self.tools.kueue_webhook_dir, self.ports["kueue_webhook"], ca)
         )
+        self._kueue_metrics_certs()
         self._kueue_rec = self._start(
-            "kueue", [str(self.tools.kueue), f"--config={cfg_path}", f"--kubeconfig={self.kubeconfig}"]
+            "kueue",
+            [
+                str(self.tools.kueue),
+                f"--config={cfg_path}",
+                f"--kubeconfig={self.kubeconfig}",
+                # The visibility API is an aggregated apiserver with certs at the fixed path
+                # /visibility; ghostgpu does not use it, so it stays off here.
+                "--feature-gates=VisibilityOnDemand=false",
+            ],
         )
+
+    def _kueue_metrics_certs(self) -> None:
+        # Kueue v0.17 reads its metrics serving cert from this fixed path whenever internal cert
+        # management is off (cmd/kueue/main.go); nothing verifies it here, any cert of ours will do.
+        pair = self.pki.issue("kueue-metrics", "kueue-metrics", server=True, ips=("127.0.0.1",))
+        try:
+            KUEUE_METRICS_CERT_DIR.mkdir(parents=True, exist_ok=True)
+            shutil.copy(pair.cert, KUEUE_METRICS_CERT_DIR / "tls.crt")
+            shutil.copy(pair.key, KUEUE_METRICS_CERT_DIR / "tls.key")
+        except PermissionError as e:
+            raise RuntimeError(
+                f"Kueue needs its metrics certificate in {KUEUE_METRICS_CERT_DIR} (fixed path in Kueue "
+                f"v0.17) and this user cannot write there: {e}; run as root or use --no-kueue"
+            ) from e
 
     def _kyverno(self) -> None:
         wport = self.ports["kyverno_webhook"]
