@@ -60,14 +60,15 @@ def nodes_for_flavors(flavors: list[dict[str, Any]], per_flavor: int = 2) -> lis
 
 
 def default_nodes(config: Path = EXAMPLE_CONFIG) -> list[GpuNodeSpec]:
-    """The flavors of examples/ghostgpu.yaml (the configuration the rendered bundles come from)."""
+    """Nodes for the flavors of examples/ghostgpu.yaml (the config the rendered bundles come from)."""
     if not config.is_file():
         raise FileNotFoundError(f"{config}: missing; pass the node list explicitly")
     doc = yaml.safe_load(config.read_text()) or {}
     flavors = doc.get("flavors")
     if not isinstance(flavors, list) or not flavors:
         raise ValueError(f"{config}: expected a non-empty `flavors` list")
-    return nodes_for_flavors(flavors)
+    # Plus one untainted CPU node, where non-GPU pods (the controller's own Deployment) can run.
+    return [*nodes_for_flavors(flavors), GpuNodeSpec(name="cpu-0", gpus=0, cpu="32", memory="128Gi")]
 
 
 def node_manifest(spec: GpuNodeSpec) -> dict[str, Any]:

@@ -237,8 +237,10 @@ def test_default_nodes_follow_the_example_config_flavors() -> None:
     from ghostgpu.devcluster.nodes import EXAMPLE_CONFIG, default_nodes, nodes_for_flavors
 
     flavors = yaml.safe_load(EXAMPLE_CONFIG.read_text())["flavors"]
-    nodes = default_nodes()
+    nodes = [n for n in default_nodes() if n.name.startswith("gpu-")]
     assert len(nodes) == 2 * len(flavors)
+    [cpu] = [n for n in default_nodes() if not n.name.startswith("gpu-")]
+    assert cpu.taints == [] and cpu.gpus == 0 and not cpu.extended
     for f in flavors:
         mine = [n for n in nodes if n.name.startswith(f"gpu-{f['name']}-")]
         assert len(mine) == 2
