@@ -13,6 +13,7 @@ Fixtures other parts use:
   process_tables  ProcessTables: .set(ns, pod, [ProcessRow(...)]) scripts what `ps` prints in a pod
   dcgm            FakeDcgmClient: .set(ns, pod, util=..., fb_used_mib=..., xid=...); cleared per test
   prometheus_url  base URL of the real Prometheus that scrapes the fake dcgm-exporter every second
+  applied_bundles the three rendered bundles server-side applied once per session ({bundle: errors})
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from pathlib import Path
 import pytest
 
 from ghostgpu.devcluster import DevCluster, FakeDcgmClient, ProcessTables
+from ghostgpu.devcluster.bundles import apply_bundles
 from ghostgpu.devcluster.paths import Toolchain
 
 
@@ -102,3 +104,13 @@ def dcgm(devcluster: DevCluster) -> Iterator[FakeDcgmClient]:
 @pytest.fixture
 def prometheus_url(devcluster: DevCluster) -> str:
     return devcluster.state.prometheus_url
+
+
+# ----- the rendered bundles (policies/, kueue/, controller/) -----
+@pytest.fixture(scope="session")
+def applied_bundles(devcluster: DevCluster) -> dict[str, list[str]]:
+    """Every object of the three bundles, server-side applied once per session: {bundle: errors}."""
+    try:
+        return apply_bundles(devcluster.kube)
+    except FileNotFoundError as e:
+        pytest.fail(str(e))

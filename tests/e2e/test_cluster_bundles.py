@@ -7,57 +7,11 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-import yaml
-from kubernetes.client.exceptions import ApiException
-from kubernetes.dynamic.exceptions import DynamicApiError, ResourceNotFoundError
 
 from ghostgpu.devcluster import DevCluster
-from ghostgpu.devcluster.paths import REPO_ROOT
+from ghostgpu.devcluster.bundles import BUNDLES, FIELD_MANAGER, apply_bundles, bundle_docs
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
-
-BUNDLES = ("kueue", "policies", "controller")  # the ArgoCD sync-wave order
-FIELD_MANAGER = "argocd-controller"
-
-
-def bundle_docs(bundle: str) -> list[dict[str, Any]]:
-    """The objects of a rendered bundle, in its kustomization's resource order."""
-    root = REPO_ROOT / bundle
-    kustomization = yaml.safe_load((root / "kustomization.yaml").read_text())
-    docs = []
-    for res in kustomization["resources"]:
-        docs += [d for d in yaml.safe_load_all((root / res).read_text()) if d]
-    return docs
-
-
-def static_namespaces() -> list[str]:
-    cfg = yaml.safe_load((REPO_ROOT / "examples" / "ghostgpu.yaml").read_text())
-    return [n["name"] for n in cfg.get("namespaces", [])]
-
-
-def apply_bundles(dc: DevCluster) -> dict[str, list[str]]:
-    """SSA every bundle object; returns the errors per bundle (empty lists when all are accepted)."""
-    # ArgoCD creates the destination namespaces (CreateNamespace=true); the bundles reference them.
-    for ns in static_namespaces():
-        dc.kube.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}, FIELD_MANAGER)
-    errors: dict[str, list[str]] = {}
-    for bundle in BUNDLES:
-        errors[bundle] = []
-        for doc in bundle_docs(bundle):
-            ref = f"{doc['kind']}/{doc['metadata'].get('namespace', '')}/{doc['metadata']['name']}"
-            try:
-                dc.kube.apply(doc, FIELD_MANAGER)
-            except (ApiException, DynamicApiError, ResourceNotFoundError) as err:
-                errors[bundle].append(f"{ref}: {getattr(err, 'body', None) or err}")
-    return errors
-
-
-@pytest.fixture(scope="session")
-def applied_bundles(devcluster: DevCluster) -> dict[str, list[str]]:
-    missing = [b for b in BUNDLES if not (REPO_ROOT / b / "kustomization.yaml").is_file()]
-    if missing:
-        pytest.fail(f"rendered bundles missing: {missing} (run `ghostgpu render -o .`)")
-    return apply_bundles(devcluster)
 
 
 @pytest.mark.parametrize("bundle", BUNDLES)
@@ -93,7 +47,7 @@ def test_reapplying_the_bundles_changes_nothing(
     """GitOps steady state: a second sync of the same render is a no-op for every object."""
     docs = [d for b in BUNDLES for d in bundle_docs(b)]
     before = _versions(devcluster, docs)
-    assert apply_bundles(devcluster) == {b: [] for b in BUNDLES}
+    assert apply_bundles(devcluster.kube) == {b: [] for b in BUNDLES}
     after = _versions(devcluster, docs)
     assert {k: (v, after[k]) for k, v in before.items() if after[k] != v} == {}
 
