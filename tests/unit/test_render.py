@@ -509,3 +509,39 @@ def test_cli_custom_config(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     text = (tmp_path / "out" / "kueue" / "resource-flavors.yaml").read_text()
     assert "name: mi300" in text
+
+
+CLUSTER_SCOPED = {
+    "Namespace",
+    "ClusterRole",
+    "ClusterRoleBinding",
+    "ResourceFlavor",
+    "Cohort",
+    "ClusterQueue",
+    "WorkloadPriorityClass",
+    "MutatingPolicy",
+    "GeneratingPolicy",
+    "ValidatingPolicy",
+}
+NAMESPACED = {
+    "ServiceAccount",
+    "Role",
+    "RoleBinding",
+    "ConfigMap",
+    "Deployment",
+    "Service",
+    "ServiceMonitor",
+    "PrometheusRule",
+    "LocalQueue",
+}
+
+
+def test_namespaced_objects_name_their_namespace() -> None:
+    # ArgoCD would otherwise put them in the Application's destination namespace.
+    for obj in render_objects(load_default_config()):
+        kind, meta = obj["kind"], obj["metadata"]
+        assert kind in CLUSTER_SCOPED | NAMESPACED, kind
+        if kind in NAMESPACED:
+            assert meta.get("namespace"), f"{kind}/{meta['name']}"
+        else:
+            assert "namespace" not in meta, f"{kind}/{meta['name']}"
