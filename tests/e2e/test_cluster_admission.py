@@ -155,6 +155,18 @@ def test_deployment_in_a_namespace_with_default_localqueue_goes_to_kueue_untrack
 
 def test_gpu_job_naming_a_localqueue_is_admitted_and_runs_on_a_kwok_gpu_node(devcluster: DevCluster) -> None:
     ns = "research-batch"  # a statically listed namespace: its LocalQueue comes from kueue/
+    # Kueue >= 0.15 respects managedJobsNamespaceSelector for every Job (feature gate
+    # ManagedJobsNamespaceSelectorAlwaysRespected); the rendered selector is the opt-in label.
+    devcluster.kube.apply(
+        {
+            "apiVersion": "v1",
+            "kind": "Namespace",
+            "metadata": {
+                "name": ns,
+                "labels": {"ghostgpu.io/reclaim": "enabled", "ghostgpu.io/team": "research"},
+            },
+        }
+    )
     name = f"train-{int(time.time() * 1000) % 10**8}"
     job = {
         "apiVersion": "batch/v1",

@@ -1,0 +1,394 @@
+"""End to end: the controller as a real process against the devcluster (real apiserver, scheduler,
+kwok nodes, exec through the apiserver into scripted process tables, the fake dcgm-exporter scraped
+by a real Prometheus, Kueue).
+
+Scenario (issue 5): 3 ACTIVE (one in a batch gap: zero utilization, live processes),
+2 FINISHED_IDLE, 1 ZOMBIE_CRASHED with a defunct child, 1 exempt, 1 IDLE_HELD, 1 whose Prometheus
+series is missing. Shadow touches nothing and records verdicts + Events; enforce scales exactly the
+FINISHED_IDLE and ZOMBIE_CRASHED ones to 0; `ghostgpu restore` brings them back. A second test
+kills the leader mid-window and checks the other replica takes over and acts at most once.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, ClassVar
+
+import httpx
+import pytest
+import yaml
+from kubernetes import client
+
+from ghostgpu.devcluster import DevCluster, FakeDcgmClient, ProcessTables
+from ghostgpu.devcluster.kwok_exec import ProcessRow
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(600)]
+
+REPO = Path(__file__).resolve().parents[2]
+POLL = 2  # seconds
+WINDOW, LONG_WINDOW = 3, 7
+H100 = {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
+LEASE_NS = "ghostgpu-system"
+
+
+# --- helpers -------------------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def controller_config(tmp: Path, prometheus_url: str, mode: str) -> Path:
+    cfg = yaml.safe_load((REPO / "examples" / "ghostgpu.yaml").read_text())
+    cfg["controller"].update(
+        mode=mode,
+        pollInterval=f"{POLL}s",
+        window=WINDOW,
+        longWindow=LONG_WINDOW,
+        startupGrace="0s",
+        staleAfter="30s",
+        prometheus={"url": prometheus_url, "timeout": "5s"},
+    )
+    path = tmp / f"ghostgpu-{mode}.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+class Controller:
+    """One `ghostgpu controller` process."""
+
+    def __init__(self, kubeconfig: Path, config: Path, tmp: Path, name: str, *extra: str) -> None:
+        self.port = free_port()
+        self.log_path = tmp / f"{name}.log"
+        self.decisions = tmp / f"{name}-decisions.jsonl"
+        self.name = name
+        cmd = [
+            sys.executable, "-m", "ghostgpu.cli", "controller",
+            "--config", str(config), "--kubeconfig", str(kubeconfig),
+            "--host", "127.0.0.1", "--port", str(self.port), "--identity", name,
+            "--lease-namespace", LEASE_NS, "--lease-duration", "6", "--renew-deadline", "4",
+            "--retry-period", "1", "--decision-log", str(self.decisions), *extra,
+        ]  # fmt: skip
+        self.log = self.log_path.open("w")
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, cwd=REPO)
+
+    def metrics(self) -> str:
+        return httpx.get(f"http://127.0.0.1:{self.port}/metrics", timeout=5).text
+
+    def metric(self, name: str, **labels: str) -> float:
+        total = 0.0
+        for line in self.metrics().splitlines():
+            named = line.startswith((name + "{", name + " "))
+            if named and all(f'{k}="{v}"' in line for k, v in labels.items()):
+                total += float(line.rsplit(" ", 1)[1])
+        return total
+
+    def polls(self) -> int:
+        return sum(1 for line in self.log_path.read_text().splitlines() if '"msg":"poll"' in line)
+
+    def wait_polls(self, n: int, timeout: float = 120) -> None:
+        start = self.polls()
+        wait_for(lambda: self.polls() >= start + n, timeout, f"{self.name}: {n} more polls")
+
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.log.close()
+
+
+def wait_for(cond: Callable[[], Any], timeout: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = cond()
+        if value:
+            return value
+        time.sleep(0.5)
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+
+
+def deployment(name: str, ns: str, *, annotations: dict[str, str] | None = None, gpus: int = 1) -> dict:
+    labels = {"app": name, "ghostgpu.io/tracked": "true"}
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name, "namespace": ns, "labels": labels, "annotations": annotations or {}},
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": {"app": name}},
+            "template": {
+                "metadata": {"labels": labels},
+                "spec": {
+                    "nodeSelector": H100,
+                    "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+                    "containers": [
+                        {
+                            "name": "main",
+                            "image": "trainer:latest",
+                            "resources": {"limits": {"nvidia.com/gpu": str(gpus)}},
+                        }
+                    ],
+                },
+            },
+        },
+    }
+
+
+def rows(*procs: tuple[int, str, str]) -> list[ProcessRow]:
+    return [ProcessRow(pid=p, stat=s, comm=c) for p, s, c in procs]
+
+
+LIVE = rows((1, "Ss", "sh"), (12, "Rl", "python"), (40, "Sl", "pt_data_worker"))
+GAP = rows((1, "Ss", "sh"), (12, "Sl", "python"), (40, "D", "pt_data_worker"))  # checkpoint write
+FINISHED = rows((1, "Ss", "sh"), (77, "S", "sleep"))  # `train.py; sleep infinity` after training
+ZOMBIE = rows((1, "Ss", "sh"), (12, "Z", "python"))  # the trainer died, its parent never reaped it
+NOTEBOOK = rows((1, "Ss", "tini"), (8, "Sl", "jupyter-lab"), (31, "Sl", "python"))
+
+
+class Scenario:
+    """The issue's fleet in one opted-in namespace."""
+
+    # name -> (util or None for "no series", process table, expected verdict)
+    FLEET: ClassVar[dict[str, tuple[float | None, list[ProcessRow], str]]] = {
+        "active-train": (87.0, LIVE, "ACTIVE"),
+        "active-serve": (35.0, LIVE, "ACTIVE"),
+        "active-gap": (60.0, GAP, "ACTIVE"),  # util drops to 0 later: a batch gap
+        "finished-a": (0.0, FINISHED, "FINISHED_IDLE"),
+        "finished-b": (0.0, rows(), "FINISHED_IDLE"),  # header only: nothing but the probe
+        "zombie": (0.0, ZOMBIE, "ZOMBIE_CRASHED"),
+        "exempt": (0.0, FINISHED, "EXEMPT"),
+        "held-notebook": (0.0, NOTEBOOK, "IDLE_HELD"),
+        "no-series": (None, FINISHED, "UNKNOWN"),
+    }
+
+    def __init__(self, cluster: DevCluster, ns: str, tables: ProcessTables, dcgm: FakeDcgmClient) -> None:
+        self.cluster, self.ns, self.tables, self.dcgm = cluster, ns, tables, dcgm
+        self.apps = client.AppsV1Api(cluster.kube.api_client)
+        self.core = client.CoreV1Api(cluster.kube.api_client)
+        self.pods: dict[str, str] = {}
+
+    def create(self) -> None:
+        for name in self.FLEET:
+            ann = {"ghostgpu.io/reclaim-policy": "never"} if name == "exempt" else {}
+            self.cluster.kube.apply(deployment(name, self.ns, annotations=ann))
+        for name in self.FLEET:
+            self.pods[name] = wait_for(lambda n=name: self.running_pod(n), 90, f"pod of {name} running")
+        for name, (util, table, _) in self.FLEET.items():
+            self.tables.set(self.ns, self.pods[name], table)
+            if util is not None:
+                self.dcgm.set(self.ns, self.pods[name], util=util)
+
+    def running_pod(self, name: str) -> str | None:
+        pods = self.core.list_namespaced_pod(self.ns, label_selector=f"app={name}").items
+        running = [
+            p.metadata.name for p in pods if p.status.phase == "Running" and not p.metadata.deletion_timestamp
+        ]
+        return running[0] if len(running) == 1 else None
+
+    def annotations(self, name: str) -> dict[str, str]:
+        return self.apps.read_namespaced_deployment(name, self.ns).metadata.annotations or {}
+
+    def verdict(self, name: str) -> str | None:
+        return self.annotations(name).get("ghostgpu.io/verdict")
+
+    def replicas(self, name: str) -> int:
+        return int(self.apps.read_namespaced_deployment(name, self.ns).spec.replicas)
+
+    def verdict_events(self, name: str) -> list[str]:
+        evs = self.core.list_namespaced_event(self.ns, field_selector=f"involvedObject.name={name}").items
+        evs.sort(key=lambda e: (e.first_timestamp or e.event_time or 0, e.metadata.creation_timestamp))
+        return [e.reason for e in evs if e.reason.startswith("Verdict")]
+
+    def events(self, name: str, reason: str) -> int:
+        evs = self.core.list_namespaced_event(self.ns, field_selector=f"involvedObject.name={name}").items
+        return sum(1 for e in evs if e.reason == reason)
+
+    def expected_verdicts(self) -> dict[str, str]:
+        return {n: v for n, (_, _, v) in self.FLEET.items() if v != "EXEMPT"}
+
+    def all_as_expected(self) -> bool:
+        return all(self.verdict(n) == v for n, v in self.expected_verdicts().items())
+
+
+@pytest.fixture
+def scenario(
+    devcluster: DevCluster,
+    make_namespace: Callable[..., str],
+    process_tables: ProcessTables,
+    dcgm: FakeDcgmClient,
+) -> Iterator[Scenario]:
+    devcluster.kube.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": LEASE_NS}})
+    ns = make_namespace({"ghostgpu.io/reclaim": "enabled", "ghostgpu.io/team": "research"}, prefix="ghosts")
+    sc = Scenario(devcluster, ns, process_tables, dcgm)
+    sc.create()
+    yield sc
+    for name in sc.pods.values():
+        process_tables.clear(ns, name)
+
+
+def _camel(kind: str) -> str:
+    return "Verdict" + "".join(p.capitalize() for p in kind.split("_"))
+
+
+# --- the tests -----------------------------------------------------------------------------------
+
+
+def test_shadow_then_enforce_then_restore(
+    scenario: Scenario, devcluster: DevCluster, prometheus_url: str, tmp_path: Path
+) -> None:
+    sc = scenario
+    # Shadow: long enough for the held notebook's zero run to pass longWindow.
+    shadow = Controller(
+        devcluster.kubeconfig, controller_config(tmp_path, prometheus_url, "shadow"), tmp_path, "shadow"
+    )
+    try:
+        shadow.wait_polls(LONG_WINDOW + 1, timeout=180)
+        # The batch gap starts now: zero utilization, live processes, shorter than longWindow.
+        sc.dcgm.set(sc.ns, sc.pods["active-gap"], util=0.0)
+        shadow.wait_polls(WINDOW + 2)
+        wait_for(sc.all_as_expected, 60, "shadow verdicts")
+        got = {n: sc.verdict(n) for n in sc.FLEET}
+        assert got["exempt"] is None, "an exempt workload is never touched, not even annotated"
+        assert {n: got[n] for n in sc.expected_verdicts()} == sc.expected_verdicts()
+        gap_evidence = json.loads(sc.annotations("active-gap")["ghostgpu.io/evidence"])
+        assert gap_evidence["util"] == [0.0] * WINDOW and gap_evidence["procs"]["live"] >= 2
+        assert "idle-below-hold" in gap_evidence["reasons"]
+        zombie_evidence = json.loads(sc.annotations("zombie")["ghostgpu.io/evidence"])
+        assert zombie_evidence["procs"] == {"live": 0, "defunct": 1}
+        assert "utilization-failed" in sc.annotations("no-series")["ghostgpu.io/evidence"]
+        # Nothing touched: every Deployment still has its replica.
+        assert {n: sc.replicas(n) for n in sc.FLEET} == dict.fromkeys(sc.FLEET, 1)
+        # Events only when the verdict changes: no two equal consecutive Verdict events.
+        for name, verdict in sc.expected_verdicts().items():
+            seq = sc.verdict_events(name)
+            assert seq and seq[-1] == _camel(verdict), (name, seq)
+            assert all(a != b for a, b in itertools.pairwise(seq)), (name, seq)
+        for name in ("finished-a", "finished-b", "zombie"):
+            assert sc.events(name, "WouldReclaim") == 1
+        assert shadow.metric("ghostgpu_would_reclaims_total") == 3
+        assert shadow.metric("ghostgpu_reclaims_total") == 0
+        assert shadow.metric("ghostgpu_ghost_gpus", verdict="FINISHED_IDLE") == 2
+        assert shadow.metric("ghostgpu_poll_duration_seconds_count") >= LONG_WINDOW
+        assert httpx.get(f"http://127.0.0.1:{shadow.port}/healthz").status_code == 200
+        assert httpx.get(f"http://127.0.0.1:{shadow.port}/readyz").status_code == 200
+    finally:
+        shadow.stop()
+
+    # The shadow history: what would have been reclaimed, and the missing series as a miss.
+    report = subprocess.run(
+        [sys.executable, "-m", "ghostgpu.cli", "report", str(shadow.decisions), "--json"],
+        capture_output=True, text=True, check=True, cwd=REPO,
+    )  # fmt: skip
+    rep = json.loads(report.stdout)
+    assert rep["gpuHoursWouldReclaim"] > 0
+    assert {w.split("/")[-1] for w in rep["wouldReclaim"]} == {"finished-a", "finished-b", "zombie"}
+    no_series = [m for m in rep["misses"] if m["workload"].endswith("/no-series")]
+    assert no_series and no_series[-1]["outcome"] == "persisted"
+
+    # Enforce: exactly the FINISHED_IDLE and ZOMBIE_CRASHED ones go to zero after K polls.
+    sc.dcgm.set(sc.ns, sc.pods["active-gap"], util=55.0)  # the gap ends
+    enforce = Controller(
+        devcluster.kubeconfig, controller_config(tmp_path, prometheus_url, "enforce"), tmp_path, "enforce"
+    )
+    try:
+        enforce.wait_polls(WINDOW)
+        reclaimed = {"finished-a", "finished-b", "zombie"}
+        wait_for(lambda: all(sc.replicas(n) == 0 for n in reclaimed), 60, "ghosts scaled to 0")
+        enforce.wait_polls(3)  # more polls: nothing else is touched, nothing is acted on twice
+        assert {n: sc.replicas(n) for n in sc.FLEET} == {n: (0 if n in reclaimed else 1) for n in sc.FLEET}
+        for name in reclaimed:
+            assert sc.annotations(name)["ghostgpu.io/reclaimed-from-replicas"] == "1"
+            assert sc.events(name, "Reclaimed") == 1
+        assert enforce.metric("ghostgpu_reclaims_total") == 3
+    finally:
+        enforce.stop()
+
+    # Restore brings them back.
+    for name in ("finished-a", "zombie"):
+        out = subprocess.run(
+            [sys.executable, "-m", "ghostgpu.cli", "restore", f"deployment/{name}", "-n", sc.ns,
+             "--kubeconfig", str(devcluster.kubeconfig)],
+            capture_output=True, text=True, check=True, cwd=REPO,
+        )  # fmt: skip
+        assert "to 1 replicas" in out.stdout
+        assert sc.replicas(name) == 1
+        assert "ghostgpu.io/reclaimed-from-replicas" not in sc.annotations(name)
+        wait_for(lambda n=name: sc.running_pod(n), 60, f"{name} running again")
+    again = subprocess.run(
+        [sys.executable, "-m", "ghostgpu.cli", "restore", "deployment/finished-a", "-n", sc.ns,
+         "--kubeconfig", str(devcluster.kubeconfig)],
+        capture_output=True, text=True, cwd=REPO,
+    )  # fmt: skip
+    assert again.returncode == 1 and "not reclaimed" in again.stderr
+
+
+def test_leader_killed_mid_window(
+    scenario: Scenario, devcluster: DevCluster, prometheus_url: str, tmp_path: Path
+) -> None:
+    """Two replicas in enforce mode; the leader is SIGKILLed before the window completes."""
+    sc = scenario
+    cfg = controller_config(tmp_path, prometheus_url, "enforce")
+    a = Controller(devcluster.kubeconfig, cfg, tmp_path, "replica-a")
+    wait_for(lambda: a.metric("ghostgpu_leader") == 1, 30, "replica-a leads")
+    b = Controller(devcluster.kubeconfig, cfg, tmp_path, "replica-b")
+    try:
+        b.wait_polls(1)
+        assert b.metric("ghostgpu_leader") == 0
+        a.stop(signal.SIGKILL)  # mid-window: no graceful lease release
+        killed_at = time.monotonic()
+        wait_for(
+            lambda: b.metric("ghostgpu_leader") == 1, 12, "replica-b takes over within 2 lease durations"
+        )
+        takeover = time.monotonic() - killed_at
+        assert takeover < 12
+        reclaimed = {"finished-a", "finished-b", "zombie"}
+        wait_for(lambda: all(sc.replicas(n) == 0 for n in reclaimed), 60, "ghosts scaled to 0 by replica-b")
+        b.wait_polls(3)
+        assert {n: sc.replicas(n) for n in sc.FLEET} == {n: (0 if n in reclaimed else 1) for n in sc.FLEET}
+        for name in reclaimed:
+            assert sc.events(name, "Reclaimed") == 1, f"{name} acted on more than once"
+        print(f"leader failover took {takeover:.1f}s")
+    finally:
+        b.stop()
+        a.stop()
+
+
+@pytest.mark.skipif(os.environ.get("GHOSTGPU_E2E_FAST") == "1", reason="fast mode")
+def test_real_prometheus_utilization(
+    devcluster: DevCluster, dcgm: FakeDcgmClient, prometheus_url: str
+) -> None:
+    """The batched query against the real Prometheus: values, label mapping, missing series."""
+    import asyncio
+
+    from ghostgpu.config import MetricsConfig
+    from ghostgpu.signals.prometheus import PrometheusClient
+    from ghostgpu.signals.utilization import PodKey, QuerySpec, UtilizationSource
+
+    dcgm.set("team-x", "train-0", util=42.0, gpu=0)
+    dcgm.set("team-x", "train-0", util=7.0, gpu=1)
+    dcgm.set("team-x", "idle-0", util=0.0, xid=79.0)
+    keys = [PodKey("team-x", "train-0"), PodKey("team-x", "idle-0"), PodKey("team-x", "gone-0")]
+
+    async def poll() -> dict:
+        async with PrometheusClient(prometheus_url, timeout=5) as c:
+            spec = QuerySpec.from_preset(MetricsConfig().dcgm, max_sample_age=30)
+            return await UtilizationSource(c, spec).poll(keys, now=time.time())
+
+    out = wait_for(lambda: (r := asyncio.run(poll())) and r[keys[0]].utilization == 42.0 and r, 30, "scrape")
+    assert out[keys[1]].utilization == 0.0 and [x.code for x in out[keys[1]].xids] == [79]
+    assert getattr(out[keys[2]].utilization, "reason", None) == "missing"
