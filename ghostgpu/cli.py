@@ -129,6 +129,48 @@ def bench_detectors(
     _bench_detectors(seeds, first_seed, instances, window, fault_rate, as_json, as_markdown, plot)
 
 
+_SC_SIZES = typer.Option("100,1000,10000", "--sizes", help="Comma-separated fleet sizes N.")
+_SC_NODES = typer.Option(1250, "--nodes", min=1, help="kwok GPU nodes (8 GPUs each).")
+_SC_IDLE = typer.Option(0.01, "--idle-fraction", min=0.0, max=1.0, help="Fraction of idle pods.")
+_SC_STEADY = typer.Option(3, "--steady-polls", min=1, help="Measured polls after the warm-up.")
+_SC_SAMPLE = typer.Option(1000, "--naive-sample", min=1, help="The baseline visits at most this many pods.")
+_SC_STATE = typer.Option(Path("/tmp/ghostgpu-scale"), "--state-dir", help="Cluster state and logs.")
+_SC_JSON_OUT = typer.Option(None, "--json-out", help="Save the raw results here.")
+_SC_FROM_JSON = typer.Option(None, "--from-json", help="Re-render saved results instead of running.")
+_SC_PLOT = typer.Option(None, "--plot", help="Write the log-log cost plot (PNG).")
+
+
+@bench_app.command("scale")
+def bench_scale(
+    sizes: str = _SC_SIZES,
+    nodes: int = _SC_NODES,
+    idle_fraction: float = _SC_IDLE,
+    steady_polls: int = _SC_STEADY,
+    naive_sample: int = _SC_SAMPLE,
+    state_dir: Path = _SC_STATE,
+    json_out: Path | None = _SC_JSON_OUT,
+    from_json: Path | None = _SC_FROM_JSON,
+    plot: Path | None = _SC_PLOT,
+) -> None:
+    """Scale bench (issue 7): per-poll cost of the controller vs a naive cron script at each N."""
+    from ghostgpu.scale.command import run_scale_command
+
+    code = run_scale_command(
+        [int(s) for s in sizes.split(",") if s.strip()],
+        nodes=nodes,
+        idle_fraction=idle_fraction,
+        steady_polls=steady_polls,
+        naive_sample=naive_sample,
+        state_dir=state_dir,
+        json_out=json_out,
+        from_json_file=from_json,
+        plot_path=plot,
+        echo=typer.echo,
+    )
+    if code:
+        raise typer.Exit(code)
+
+
 # --- calibrate (issue 6) ---
 
 _CAL_INCIDENTS = typer.Option(

@@ -1,0 +1,289 @@
+"""Orchestration of `ghostgpu bench scale`: one local control plane, a fleet grown to each N in
+turn, and at each N the controller (probe.py) and the naive baseline (naive.py) measured in their
+own processes against the same pods, metrics and Prometheus."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+
+from ghostgpu.devcluster import procs
+from ghostgpu.devcluster.cluster import DevCluster
+from ghostgpu.devcluster.nodes import GpuNodeSpec
+from ghostgpu.devcluster.paths import REPO_ROOT
+from ghostgpu.scale.exporter import start_metrics
+from ghostgpu.scale.fleet import FleetSpec, KubeHTTP, ensure_base, grow_pods
+
+Log = Callable[[str], None]
+
+
+@dataclass
+class Side:
+    """Per-poll cost of one implementation at one N (steady-state medians; peak RSS is the max)."""
+
+    wall_s: float
+    cpu_s: float
+    peak_rss_mib: float
+    prometheus_queries: float
+    apiserver_requests: float
+    exec_calls: float
+    polls: int
+    extrapolated_from: int | None = None  # naive only: pods actually visited per run
+
+
+@dataclass
+class SizeResult:
+    n: int
+    idle: int
+    nodes: int
+    ghostgpu: Side
+    naive: Side
+    warmup: list[dict[str, Any]] = field(default_factory=list)  # the controller's first polls
+    states: dict[str, int] = field(default_factory=dict)
+    server_side: dict[str, float] = field(default_factory=dict)
+
+    def ratio(self, attr: str) -> float | None:
+        mine, theirs = getattr(self.ghostgpu, attr), getattr(self.naive, attr)
+        return theirs / mine if mine else None
+
+
+@dataclass
+class BenchConfig:
+    sizes: Sequence[int] = (100, 1000, 10000)
+    nodes: int = 1250
+    idle_fraction: float = 0.02
+    window: int = 5
+    steady_polls: int = 3
+    naive_polls: int = 2
+    naive_sample: int = 1000
+    state_dir: Path = Path("/tmp/ghostgpu-scale")
+    keep_cluster: bool = False
+
+
+def controller_config(prom_url: str, window: int) -> dict[str, Any]:
+    """examples/ghostgpu.yaml (flavors known, so no Kueue discovery per poll) with the controller
+    section the bench needs: shadow mode, a 1 s poll interval, no start-up grace."""
+    doc = yaml.safe_load((REPO_ROOT / "examples" / "ghostgpu.yaml").read_text())
+    doc["controller"] = {
+        **(doc.get("controller") or {}),
+        "mode": "shadow",
+        "pollInterval": "1s",
+        "startupGrace": "1s",
+        "window": window,
+        "prometheus": {"url": prom_url, "timeout": "60s"},
+    }
+    return dict(doc)
+
+
+def _prom_counter(prom_url: str, handler: str) -> float:
+    text = httpx.get(f"{prom_url}/metrics", timeout=10).text
+    pat = re.compile(
+        r'^prometheus_http_requests_total\{[^}]*handler="' + re.escape(handler) + r'"[^}]*\} (\S+)$'
+    )
+    return sum(float(m.group(1)) for line in text.splitlines() if (m := pat.match(line)))
+
+
+async def _apiserver_exec_total(kube: KubeHTTP) -> float:
+    r = await kube.client.get("/metrics")
+    r.raise_for_status()
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in r.text.splitlines()
+        if line.startswith("apiserver_request_total{") and 'subresource="exec"' in line
+    )
+
+
+def _wait_series(prom_url: str, n: int, log: Log, timeout: float = 300) -> None:
+    deadline = time.monotonic() + timeout
+    have = -1.0
+    while time.monotonic() < deadline:
+        r = httpx.get(f"{prom_url}/api/v1/query", params={"query": "count(DCGM_FI_DEV_GPU_UTIL)"}, timeout=30)
+        if r.status_code == 200:
+            res = r.json()["data"]["result"]
+            have = float(res[0]["value"][1]) if res else 0.0
+            if have >= n:
+                log(f"[bench] Prometheus holds {have:.0f} utilization series")
+                return
+        time.sleep(2)
+    raise TimeoutError(f"Prometheus has {have:.0f} of {n} series after {timeout:.0f}s")
+
+
+def _run(argv: list[str], log_file: Path, timeout: float) -> None:
+    with log_file.open("ab") as out:
+        proc = subprocess.run(argv, stdout=out, stderr=subprocess.STDOUT, timeout=timeout, check=False)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{argv[2]} exited {proc.returncode}; see {log_file}")
+
+
+def _rows(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def summarise_controller(rows: list[dict[str, Any]], window: int) -> tuple[Side, list[dict[str, Any]]]:
+    """Polls 1..window+1 are warm-up: the first records UNKNOWN on every workload (2 writes each),
+    poll `window` the first real verdict (again 2 writes each); later polls are the steady state."""
+    warm, steady = rows[: window + 1], rows[window + 1 :]
+    if not steady:
+        raise ValueError("no steady-state polls measured")
+    med = lambda k: statistics.median(r[k] for r in steady)  # noqa: E731
+    side = Side(
+        wall_s=med("wall_s"),
+        cpu_s=med("cpu_s"),
+        peak_rss_mib=max(r["peak_rss_mib"] for r in rows),
+        prometheus_queries=med("prometheus_queries"),
+        apiserver_requests=med("apiserver_requests"),
+        exec_calls=med("exec_calls"),
+        polls=len(steady),
+    )
+    keep = (
+        "poll",
+        "wall_s",
+        "cpu_s",
+        "peak_rss_mib",
+        "prometheus_queries",
+        "apiserver_requests",
+        "exec_calls",
+    )
+    return side, [{k: r[k] for k in keep} for r in warm]
+
+
+def summarise_naive(rows: list[dict[str, Any]], n: int) -> Side:
+    visited = rows[0]["visited"]
+    scale = n / visited if visited else 1.0
+    med = lambda k: statistics.median(r[k] for r in rows)  # noqa: E731
+    return Side(
+        wall_s=med("wall_s") * scale,
+        cpu_s=med("cpu_s") * scale,
+        peak_rss_mib=max(r["peak_rss_mib"] for r in rows),
+        # the pod list is one paginated call whatever the sample; per-pod work scales
+        prometheus_queries=med("prometheus_queries") * scale,
+        apiserver_requests=(med("apiserver_requests") - med("exec_calls")) + med("exec_calls") * scale,
+        exec_calls=med("exec_calls") * scale,
+        polls=len(rows),
+        extrapolated_from=visited if visited < n else None,
+    )
+
+
+async def _bench(cfg: BenchConfig, log: Log) -> list[SizeResult]:
+    state = cfg.state_dir
+    state.mkdir(parents=True, exist_ok=True)
+    spec = FleetSpec(nodes=cfg.nodes, idle_fraction=cfg.idle_fraction)
+    cluster = DevCluster.up(state / "cluster", nodes=[GpuNodeSpec(name="cpu-0", gpus=0)], addons=(), log=log)
+    fleet_file = state / "fleet.json"
+    fleet_file.write_text("[]")
+    metric_procs, exporter_url, prom_url = start_metrics(state, fleet_file)
+    kube = KubeHTTP(cluster.state.server, Path(cluster.state.state_dir) / "pki")
+    results: list[SizeResult] = []
+    try:
+        procs.wait_for(
+            "prometheus", lambda: httpx.get(f"{prom_url}/-/ready", timeout=2).status_code == 200, 60
+        )
+        procs.wait_for(
+            "exporter", lambda: httpx.get(f"{exporter_url}/healthz", timeout=2).status_code == 200, 30
+        )
+        await ensure_base(kube, spec, state / "ps-table.txt", log=log)
+        created = 0
+        for n in sorted(cfg.sizes):
+            await grow_pods(kube, spec, created, n, log=log)
+            created = n
+            rows = [
+                [spec.namespace(i), spec.pod(i), spec.node_of(i), 0 if spec.idle(i) else 20 + (i * 37) % 80]
+                for i in range(n)
+            ]
+            fleet_file.write_text(json.dumps(rows))
+            httpx.post(f"{exporter_url}/reload", timeout=120).raise_for_status()
+            _wait_series(prom_url, n, log)
+            results.append(await _measure(cfg, spec, n, cluster, kube, prom_url, log))
+            log(f"[bench] N={n}: {json.dumps(asdict(results[-1]))}")
+    finally:
+        await kube.aclose()
+        for p in reversed(metric_procs):
+            procs.stop(p)
+        if not cfg.keep_cluster:
+            cluster.down()
+    return results
+
+
+async def _measure(
+    cfg: BenchConfig, spec: FleetSpec, n: int, cluster: DevCluster, kube: KubeHTTP, prom_url: str, log: Log
+) -> SizeResult:
+    state = cfg.state_dir
+    conf = state / f"ghostgpu-{n}.yaml"
+    conf.write_text(yaml.safe_dump(controller_config(prom_url, cfg.window), sort_keys=False))
+    out = state / f"controller-{n}.jsonl"
+    out.unlink(missing_ok=True)
+    prom_port = int(prom_url.rsplit(":", 1)[1])
+    q0, e0 = _prom_counter(prom_url, "/api/v1/query"), await _apiserver_exec_total(kube)
+    polls = cfg.window + 1 + cfg.steady_polls
+    log(f"[bench] N={n}: controller, {polls} polls")
+    argv = [sys.executable, "-m", "ghostgpu.scale.probe", f"--config={conf}"]
+    argv += [f"--kubeconfig={cluster.kubeconfig}", f"--polls={polls}", f"--out={out}"]
+    argv += [f"--prom-port={prom_port}", f"--port={procs.free_port()}"]
+    argv += [f"--decision-log={state / f'decisions-{n}.jsonl'}"]
+    await asyncio.to_thread(_run, argv, state / "probe.log", 3600)
+    q1, e1 = _prom_counter(prom_url, "/api/v1/query"), await _apiserver_exec_total(kube)
+    crows = _rows(out)
+    mine, warm = summarise_controller(crows, cfg.window)
+    # Clear the controller's verdict annotations? No: the baseline does not read them.
+    nout = state / f"naive-{n}.jsonl"
+    nout.unlink(missing_ok=True)
+    sample = cfg.naive_sample if n > cfg.naive_sample else None
+    log(
+        f"[bench] N={n}: naive baseline, {cfg.naive_polls} runs"
+        + (f" on a {sample}-pod sample" if sample else "")
+    )
+    argv = [sys.executable, "-m", "ghostgpu.scale.naive", f"--kubeconfig={cluster.kubeconfig}"]
+    argv += [f"--prometheus={prom_url}", f"--polls={cfg.naive_polls}", f"--out={nout}"]
+    argv += [f"--sample={sample}"] if sample else []
+    await asyncio.to_thread(_run, argv, state / "naive.log", 3600)
+    theirs = summarise_naive(_rows(nout), n)
+    return SizeResult(
+        n=n,
+        idle=spec.idle_count(n),
+        nodes=spec.nodes,
+        ghostgpu=mine,
+        naive=theirs,
+        warmup=warm,
+        states=crows[-1]["states"],
+        server_side={
+            "controller_prometheus_queries_total": q1 - q0,
+            "controller_exec_total": e1 - e0,
+            "controller_polls": len(crows),
+        },
+    )
+
+
+def run_scale(
+    cfg: BenchConfig, log: Log = lambda m: print(m, file=sys.stderr, flush=True)
+) -> list[SizeResult]:
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    return asyncio.run(_bench(cfg, log))
+
+
+def to_json(results: Sequence[SizeResult], cfg: BenchConfig) -> dict[str, Any]:
+    return {
+        "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(cfg).items()},
+        "results": [asdict(r) for r in results],
+    }
+
+
+def from_json(data: dict[str, Any]) -> list[SizeResult]:
+    out = []
+    for r in data["results"]:
+        r = dict(r)
+        r["ghostgpu"], r["naive"] = Side(**r["ghostgpu"]), Side(**r["naive"])
+        out.append(SizeResult(**r))
+    return out

@@ -1,0 +1,59 @@
+"""`ghostgpu bench scale`: run (or re-render from a saved JSON) and print the table, targets, plot."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from ghostgpu.scale.bench import BenchConfig, from_json, run_scale, to_json
+from ghostgpu.scale.report import markdown, plot, targets, warmup_markdown
+
+
+def run_scale_command(
+    sizes: Sequence[int],
+    *,
+    nodes: int,
+    idle_fraction: float,
+    steady_polls: int,
+    naive_sample: int,
+    state_dir: Path,
+    json_out: Path | None,
+    from_json_file: Path | None,
+    plot_path: Path | None,
+    echo: Callable[[str], None] = print,
+) -> int:
+    if from_json_file is not None:
+        data = json.loads(from_json_file.read_text())
+        results = from_json(data)
+    else:
+        cfg = BenchConfig(
+            sizes=tuple(sorted(set(sizes))),
+            nodes=nodes,
+            idle_fraction=idle_fraction,
+            steady_polls=steady_polls,
+            naive_sample=naive_sample,
+            state_dir=state_dir,
+        )
+        results = run_scale(cfg)
+        data = to_json(results, cfg)
+        if json_out is not None:
+            json_out.parent.mkdir(parents=True, exist_ok=True)
+            json_out.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+    c = data["config"]
+    echo(
+        f"{', '.join(f'{r.n:,}' for r in results)} tracked GPU pods on {c['nodes']:,} kwok GPU nodes, "
+        f"idle fraction {c['idle_fraction']:g}; steady-state medians over {c['steady_polls']} polls "
+        f"after a {c['window'] + 1}-poll warm-up.\n"
+    )
+    echo(markdown(results))
+    echo("Warm-up polls (poll 1 records UNKNOWN, poll K the first verdict: 2 writes per workload):\n")
+    echo(warmup_markdown(results))
+    ok = True
+    for name, met, evidence in targets(results):
+        echo(f"- [{'x' if met else ' '}] {name}: {evidence}")
+        ok = ok and met
+    if plot_path is not None:
+        plot(results, plot_path)
+        echo(f"\nplot: {plot_path}")
+    return 0 if ok else 1

@@ -1,0 +1,136 @@
+"""The controller under measurement: `ghostgpu.controller.app.run_controller`, unchanged, in its own
+process, with `--max-polls`. The controller code is not edited; this module wraps, from outside:
+  - `Informers.snapshot` (the first thing of each poll cycle)   -> cycle start
+  - `accounting_from` (the last thing of each poll cycle)       -> cycle end
+  - `Reconciler.poll_once`                                      -> the verdict states of the poll
+  - `httpx.AsyncClient.send`                                    -> requests by class (meter.py)
+Per cycle it writes one JSON line: wall time, CPU time (user+sys of the process), RSS, peak RSS,
+Prometheus queries, apiserver requests (exec, watch, other) and the states.
+
+Run: python -m ghostgpu.scale.probe --config CFG --kubeconfig KC --polls P --out FILE --prom-port N
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from ghostgpu.scale.meter import RequestCounter, cpu_seconds, delta, memory_mib
+
+
+class Recorder:
+    def __init__(self, out: Path, counter: RequestCounter) -> None:
+        self.out = out
+        self.counter = counter
+        self.poll = 0
+        self._start: tuple[float, float, dict[str, int], dict[str, int]] | None = None
+        self.states: dict[str, int] = {}
+        self.t0 = time.perf_counter()
+        self.cpu0 = cpu_seconds()
+
+    def begin(self) -> None:
+        self._start = (
+            time.perf_counter(),
+            cpu_seconds(),
+            self.counter.snapshot(),
+            dict(self.counter.by_verb),
+        )
+
+    def end(self) -> None:
+        if self._start is None:
+            return
+        t, cpu, counts, verbs = self._start
+        self._start = None
+        self.poll += 1
+        rss, hwm = memory_mib()
+        d = delta(self.counter.snapshot(), counts)
+        row: dict[str, Any] = {
+            "poll": self.poll,
+            "wall_s": round(time.perf_counter() - t, 4),
+            "cpu_s": round(cpu_seconds() - cpu, 4),
+            "rss_mib": round(rss, 1),
+            "peak_rss_mib": round(hwm, 1),
+            "prometheus_queries": d.get("prometheus_query", 0),
+            "apiserver_requests": sum(v for k, v in d.items() if k.startswith("apiserver")),
+            "exec_calls": d.get("apiserver_exec", 0),
+            "requests": d,
+            "apiserver_by_verb": {k: v for k, v in delta(dict(self.counter.by_verb), verbs).items() if v},
+            "states": self.states,
+            "process_cpu_s": round(cpu_seconds() - self.cpu0, 3),
+            "process_wall_s": round(time.perf_counter() - self.t0, 3),
+        }
+        with self.out.open("a", encoding="utf-8") as f:
+            f.write(json.dumps(row, sort_keys=True) + "\n")
+
+
+def install(recorder: Recorder) -> None:
+    from ghostgpu.controller import app
+
+    original_snapshot = app.Informers.snapshot
+    original_accounting = app.accounting_from
+    base = app.Reconciler
+
+    def snapshot(self: Any, flavors: Any) -> Any:
+        recorder.begin()
+        return original_snapshot(self, flavors)
+
+    def accounting(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return original_accounting(*args, **kwargs)
+        finally:
+            recorder.end()
+
+    class MeasuredReconciler(base):  # type: ignore[misc,valid-type]
+        async def poll_once(self, snap: Any) -> Any:
+            result = await super().poll_once(snap)
+            recorder.states = dict(sorted(result.states.items()))
+            return result
+
+    app.Informers.snapshot = snapshot  # type: ignore[method-assign]
+    app.accounting_from = accounting  # type: ignore[assignment]
+    app.Reconciler = MeasuredReconciler  # type: ignore[misc]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--config", type=Path, required=True)
+    ap.add_argument("--kubeconfig", required=True)
+    ap.add_argument("--polls", type=int, required=True)
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--prom-port", type=int, required=True)
+    ap.add_argument("--port", type=int, required=True, help="the controller's /metrics port")
+    ap.add_argument("--decision-log", default="")
+    args = ap.parse_args()
+
+    import logging
+
+    from ghostgpu.controller.app import load_any_config
+    from ghostgpu.scale import compat
+
+    compat.install()
+    logging.basicConfig(level=logging.WARNING)
+    counter = RequestCounter(prometheus_port=args.prom_port)
+    counter.install()
+    recorder = Recorder(args.out, counter)
+    install(recorder)
+    from ghostgpu.controller import app  # patched above
+
+    asyncio.run(
+        app.run_controller(
+            load_any_config(args.config),
+            kubeconfig=args.kubeconfig,
+            identity="scale-probe",
+            host="127.0.0.1",
+            port=args.port,
+            decision_log=args.decision_log or None,
+            max_polls=args.polls,
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()
