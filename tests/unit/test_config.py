@@ -192,3 +192,8 @@ def test_config_can_be_built_in_python_with_field_names() -> None:
         teams=[{"name": "ml", "quota": {"a100": {"nominal_quota": "2"}}}],
     )
     assert cfg.teams[0].quota["a100"].nominal_quota.value == 2
+
+
+def test_example_spells_out_the_builtin_presets() -> None:
+    # The example documents the PromQL presets; it must not drift from the code's defaults.
+    assert load_default_config().controller.metrics == ControllerConfig().metrics
