@@ -197,8 +197,8 @@ async def run_controller(
         retry_period=retry_period,
         on_change=lambda leading: metrics.leader.set(1 if leading else 0),
     )
-    prom = PrometheusClient(cfg.prometheus.url, timeout=cfg.prometheus.timeout.total_seconds())
-    spec = QuerySpec.from_preset(cfg.metrics.active, max_sample_age=cfg.stale_after.total_seconds())
+    prom = PrometheusClient(cfg.prometheus.url, timeout=cfg.prometheus.timeout.seconds)
+    spec = QuerySpec.from_preset(cfg.metrics.active, max_sample_age=cfg.stale_after.seconds)
     executor = KubeExec(api)
     s3 = S3ArtifactProbe(endpoint_url=cfg.s3.endpoint, region=cfg.s3.region) if _s3_possible() else None
     dlog = DecisionLog(decision_log)
@@ -214,7 +214,7 @@ async def run_controller(
         is_leader=elector.is_leader,
         escalate=_escalator(cfg),
     )
-    interval = cfg.poll_interval.total_seconds()
+    interval = cfg.poll_interval.seconds
     started = time.time()
 
     def healthy() -> tuple[bool, str]:

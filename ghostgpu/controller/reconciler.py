@@ -16,6 +16,7 @@ Followers run steps 1-3 too (their windows stay warm for a failover) but never w
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from collections import Counter
@@ -57,7 +58,7 @@ from ghostgpu.signals.artifacts import (
 )
 from ghostgpu.signals.faults import fault_observation
 from ghostgpu.signals.podexec import PodRef
-from ghostgpu.signals.processes import ProcessSource, merge_listings
+from ghostgpu.signals.processes import ProcessSource, merge_listings, without_idle_holders
 from ghostgpu.signals.utilization import PodKey, PodReading, UtilizationSource, workload_sample
 from ghostgpu.verdict import (
     RECLAIMABLE_KINDS,
@@ -148,7 +149,7 @@ class Reconciler:
             if ref not in workloads:
                 del self.states[ref]
         out: dict[WorkloadRef, tuple[Workload, list[PodView], WorkloadState]] = {}
-        grace = self.cfg.startup_grace.total_seconds()
+        grace = self.cfg.startup_grace.seconds
         for ref, wl in sorted(workloads.items()):
             st = self.states.get(ref)
             if st is None or st.uid != wl.uid:
@@ -233,7 +234,7 @@ class Reconciler:
         }
         for r, lst in proc_pods.items():
             merged = merge_listings([listings[p] for p in lst])
-            processes[r] = merged
+            processes[r] = without_idle_holders(merged)[0]
             if isinstance(merged, SignalFailure):
                 self.metrics.signal_failures.labels("processes", merged.reason.value).inc()
         measured = dict(zip(art_refs, measurements, strict=True))
@@ -281,7 +282,7 @@ class Reconciler:
                     gpus=gpus,
                     mode=self.cfg.mode,
                     action=p.action,
-                    interval_s=self.cfg.poll_interval.total_seconds(),
+                    interval_s=self.cfg.poll_interval.seconds,
                 )
             )
             if leader:
@@ -325,10 +326,15 @@ class Reconciler:
         ref = wl.ref
         ns = ref.namespace
         outcome = "none"
-        if p.record:
+        reasons_changed = _reasons_of(wl) != summary.get("reasons")
+        if p.record or reasons_changed:
+            # Annotations follow the reasons (ACTIVE busy -> ACTIVE in a batch gap is worth seeing);
+            # the Event only follows the verdict.
             await self.cluster.patch_annotations(
                 ref, {keys.VERDICT: verdict.kind.value, keys.EVIDENCE: evidence_json(summary)}
             )
+            outcome = "annotated"
+        if p.record:
             previous = _verdict_of(wl) or "none"
             await self.cluster.event(
                 wl.raw,
@@ -449,7 +455,7 @@ class Reconciler:
 
     def _accrue(self, snap: Snapshot, result: PollResult) -> None:
         """Ghost GPUs gauge and the GPU-hour counters (leader only, once per poll)."""
-        hours = self.cfg.poll_interval.total_seconds() / 3600.0
+        hours = self.cfg.poll_interval.seconds / 3600.0
         flavors_by_node = {
             (n.get("metadata") or {}).get("name", ""): n.get("_flavor", "unknown") for n in snap.nodes
         }
@@ -474,6 +480,14 @@ def _verdict_of(wl: Workload) -> VerdictKind | None:
         return VerdictKind(raw) if raw else None
     except ValueError:
         return None
+
+
+def _reasons_of(wl: Workload) -> list[str] | None:
+    try:
+        reasons = json.loads(wl.annotations.get(keys.EVIDENCE, "")).get("reasons")
+    except (ValueError, AttributeError):
+        return None
+    return reasons if isinstance(reasons, list) else None
 
 
 def _camel(kind: str) -> str:

@@ -69,7 +69,10 @@ def validate_container_path(path: str) -> str:
 def parse_artifact_uri(uri: str) -> ArtifactTarget:
     """Parse the `ghostgpu.io/artifacts` annotation. Raises InvalidArtifactURI."""
     uri = uri.strip()
-    parts = urlsplit(uri)
+    try:
+        parts = urlsplit(uri)
+    except ValueError as exc:  # e.g. "s3://[": urlsplit's own error must not escape as a crash
+        raise InvalidArtifactURI(f"malformed artifact URI: {exc}") from None
     if parts.query or parts.fragment:
         raise InvalidArtifactURI("artifact URI must not carry a query or fragment")
     if parts.scheme == "file":

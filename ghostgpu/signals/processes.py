@@ -28,9 +28,9 @@ class MalformedListing(ValueError):
 def parse_ps(text: str) -> tuple[ProcessInfo, ...]:
     """Parse `ps -eo pid,stat,comm` output (header first); drops the probe's own `ps` process.
 
-    Raises MalformedListing when the header is not PID/STAT/COMMAND, on any row that is not
-    "<pid> <state> <command>", and on a listing without processes (a container always has at least
-    its pid 1, so an empty listing means the probe did not see the container).
+    Raises MalformedListing on empty output, when the header is not PID/STAT/COMMAND, and on any
+    row that is not "<pid> <state> <command>". A header with no rows (other than the probe) parses
+    as no processes: `ps` ran and saw nothing else.
     """
     lines = [ln for ln in text.splitlines() if ln.strip()]
     if not lines:
@@ -53,9 +53,32 @@ def parse_ps(text: str) -> tuple[ProcessInfo, ...]:
         if command == "ps" and pid_s != "1":
             continue
         procs.append(ProcessInfo(pid=int(pid_s), state=stat, command=command))
-    if not procs:
-        raise MalformedListing("no process in the listing")
     return tuple(procs)
+
+
+# Processes that only keep a container alive: a sleeping init/entrypoint that does no work. A
+# terminal-attached shell (STAT has '+': someone's `kubectl exec -it`) is never one of them.
+IDLE_HOLDERS = frozenset({"sleep", "pause", "tini", "dumb-init", "catatonit", "sh", "bash", "dash", "ash"})
+
+
+def without_idle_holders(
+    listing: tuple[ProcessInfo, ...] | SignalFailure | None,
+    holders: frozenset[str] = IDLE_HOLDERS,
+) -> tuple[tuple[ProcessInfo, ...] | SignalFailure | None, int]:
+    """Drop idle holders, but only when nothing else non-defunct runs beside them.
+
+    Why: a real container always has a pid 1; `sh -c "train.py; sleep infinity"` after training
+    leaves `sh` + `sleep`, which is no work. If any other live process exists, the listing is kept
+    whole (the holders may be its parents). Returns (listing, holders dropped).
+    """
+    if not isinstance(listing, tuple):
+        return listing, 0
+    live = [p for p in listing if not p.defunct]
+    is_holder = [p.command in holders and p.state[:1] in ("S", "I", "T") and "+" not in p.state for p in live]
+    if not live or not all(is_holder):
+        return listing, 0
+    kept = tuple(p for p in listing if p.defunct)
+    return kept, len(listing) - len(kept)
 
 
 class ProcessSource:

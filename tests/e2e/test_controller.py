@@ -56,7 +56,7 @@ def controller_config(tmp: Path, prometheus_url: str, mode: str) -> Path:
         pollInterval=f"{POLL}s",
         window=WINDOW,
         longWindow=LONG_WINDOW,
-        startupGrace="0s",
+        startupGrace="1s",
         staleAfter="30s",
         prometheus={"url": prometheus_url, "timeout": "5s"},
     )
@@ -99,7 +99,15 @@ class Controller:
 
     def wait_polls(self, n: int, timeout: float = 120) -> None:
         start = self.polls()
-        wait_for(lambda: self.polls() >= start + n, timeout, f"{self.name}: {n} more polls")
+
+        def done() -> bool:
+            if self.proc.poll() is not None:
+                raise AssertionError(
+                    f"{self.name} exited {self.proc.returncode}: {self.log_path.read_text()[-2000:]}"
+                )
+            return self.polls() >= start + n
+
+        wait_for(done, timeout, f"{self.name}: {n} more polls")
 
     def stop(self, sig: int = signal.SIGTERM) -> None:
         if self.proc.poll() is None:

@@ -13,7 +13,14 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from ghostgpu.signals.podexec import ExecFailed, ExecResult, ExecStream, KubeExec, PodRef
-from ghostgpu.signals.processes import PS_ARGV, MalformedListing, ProcessSource, merge_listings, parse_ps
+from ghostgpu.signals.processes import (
+    PS_ARGV,
+    MalformedListing,
+    ProcessSource,
+    merge_listings,
+    parse_ps,
+    without_idle_holders,
+)
 from ghostgpu.verdict import FailureReason, ProcessInfo, SignalFailure
 
 POD = PodRef("team-a", "train-0", "main")
@@ -48,8 +55,6 @@ def test_parse_ps_keeps_commands_with_spaces_and_pid1_named_ps() -> None:
     "text",
     [
         "",  # nothing at all
-        "PID STAT COMMAND\n",  # header only: the probe did not see the container
-        "PID STAT COMMAND\n88 R ps\n",  # only the probe itself
         "  PID TTY          TIME CMD\n    1 ?        00:00:00 sh\n",  # wrong columns (plain `ps`)
         "PID STAT COMMAND\nabc S python\n",  # non-numeric pid
         "PID STAT COMMAND\n0 S python\n",  # pid 0 does not exist in a container
@@ -61,6 +66,32 @@ def test_parse_ps_keeps_commands_with_spaces_and_pid1_named_ps() -> None:
 def test_parse_ps_rejects_malformed_listings(text: str) -> None:
     with pytest.raises(MalformedListing):
         parse_ps(text)
+
+
+def test_header_only_listing_is_no_processes() -> None:
+    assert parse_ps("PID STAT COMMAND\n") == ()
+    assert parse_ps("PID STAT COMMAND\n88 R ps\n") == ()  # only the probe itself
+
+
+def test_idle_holders_are_dropped_only_when_alone() -> None:
+    def procs(*rows: tuple[int, str, str]) -> tuple[ProcessInfo, ...]:
+        return tuple(ProcessInfo(pid=p, state=s, command=c) for p, s, c in rows)
+
+    finished = procs((1, "Ss", "sh"), (7, "S", "sleep"))
+    assert without_idle_holders(finished) == ((), 2)
+    zombie = procs((1, "Ss", "sh"), (9, "Z", "python"))
+    assert without_idle_holders(zombie) == (procs((9, "Z", "python")), 1)
+    working = procs((1, "Ss", "sh"), (8, "R", "python"))
+    assert without_idle_holders(working) == (working, 0)
+    interactive = procs((1, "Ss", "sleep"), (30, "Ss+", "bash"))  # someone's kubectl exec -it
+    assert without_idle_holders(interactive) == (interactive, 0)
+    busy_shell = procs(
+        (1, "R", "sh"),
+    )
+    assert without_idle_holders(busy_shell) == (busy_shell, 0)
+    fail = SignalFailure(reason=FailureReason.TIMEOUT)
+    assert without_idle_holders(fail) == (fail, 0)
+    assert without_idle_holders(None) == (None, 0)
 
 
 def test_argv_is_a_fixed_read_only_constant() -> None:
