@@ -12,6 +12,7 @@ order or sorted order everywhere, no timestamps, so rendering twice gives identi
 from __future__ import annotations
 
 import difflib
+import functools
 import hashlib
 import json
 from collections.abc import Iterable, Mapping, Sequence
@@ -80,7 +81,9 @@ def cel(value: Any) -> str:
     raise TypeError(f"no CEL literal for {type(value).__name__}")
 
 
+@functools.lru_cache(maxsize=1)
 def _environment() -> jinja2.Environment:
+    """One environment per process: Jinja2 compiles each template once and caches it."""
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(templates_dir())),
         undefined=jinja2.StrictUndefined,
