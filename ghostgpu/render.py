@@ -590,7 +590,11 @@ def run_render_command(config_path: Path | None, out_dir: Path, check: bool, ech
             return 1
         echo(f"up to date: {len(files)} files in {', '.join(f'{out_dir / b}/' for b in BUNDLES)}")
         return 0
-    changed = write_bundles(files, out_dir)
+    try:
+        changed = write_bundles(files, out_dir)
+    except OSError as exc:
+        print(f"{out_dir}: cannot write the bundles: {exc}", file=sys.stderr)
+        return 1
     echo(
         f"rendered {len(files)} files into {', '.join(f'{out_dir / b}/' for b in BUNDLES)} "
         f"({len(changed)} changed)"

@@ -545,3 +545,11 @@ def test_namespaced_objects_name_their_namespace() -> None:
             assert meta.get("namespace"), f"{kind}/{meta['name']}"
         else:
             assert "namespace" not in meta, f"{kind}/{meta['name']}"
+
+
+def test_cli_unwritable_output_is_a_clean_error(tmp_path: Path) -> None:
+    not_a_dir = tmp_path / "file"
+    not_a_dir.write_text("")
+    result = runner.invoke(app, ["render", "-o", str(not_a_dir)])
+    assert result.exit_code == 1
+    assert "cannot write the bundles" in result.output
