@@ -231,7 +231,7 @@ async def run_controller(
         ready=ready,
         decisions=dlog.read_bytes,
         host=host,
-        port=port or cfg.port,
+        port=cfg.port if port is None else port,
     )
     bound = await server.start()
     log.info("controller starting", extra={"identity": identity, "mode": cfg.mode, "port": bound})
