@@ -80,7 +80,13 @@ async def restore(target: str, namespace: str, *, kubeconfig: str | None = None)
         {keys.RECLAIMED_FROM: None, keys.RECLAIMED_AT: None, keys.VERDICT: None, keys.EVIDENCE: None},
         resource_version=meta.get("resourceVersion"),
     )
-    await cluster.scale(ref, replicas)
+    try:
+        await cluster.scale(ref, replicas)
+    except Exception:
+        # The scale did not land (e.g. the apiserver answered 429/500): put the count back, or the
+        # workload would stay at 0 with nothing left to restore it from (found by issue 7's faults).
+        await cluster.patch_annotations(ref, {keys.RECLAIMED_FROM: raw})
+        raise
     await cluster.event(
         obj, reason="Restored", message=f"ghostgpu restore: scaled {ref.short} back to {replicas} replicas"
     )
