@@ -1,0 +1,407 @@
+"""The reconcile loop without a cluster: scripted signal sources and a recording fake cluster.
+
+What could break and is asserted here: who gets judged (opt-in, exemptions, grace, opt-out later),
+that a failed signal never reclaims, that shadow never writes anything but verdict annotations and
+Events, that enforce scales exactly the reclaimable ones once, that a stale read, a conflict, a
+lost leadership or an exemption added at the last moment all prevent the action, and that
+escalations are sent once per verdict.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ghostgpu.config import ControllerConfig
+from ghostgpu.controller.decisions import DecisionLog, parse_lines, summarize
+from ghostgpu.controller.inventory import WorkloadRef, gpu_predicate, pod_view, workload_from
+from ghostgpu.controller.kube import Conflict
+from ghostgpu.controller.metrics import ControllerMetrics
+from ghostgpu.controller.reconciler import Reconciler, Snapshot
+from ghostgpu.signals.artifacts import FileArtifactProbe, Measurement
+from ghostgpu.signals.podexec import ExecFailed, ExecResult, PodRef
+from ghostgpu.signals.processes import ProcessSource
+from ghostgpu.signals.utilization import PodKey, PodReading
+from ghostgpu.verdict import FailureReason, SignalFailure
+
+IS_GPU = gpu_predicate(["nvidia.com/gpu"])
+NOW = datetime(2026, 11, 29, 10, 0, tzinfo=UTC)
+NS = "team-a"
+
+
+def iso(dt: datetime) -> str:
+    return dt.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def deployment(name: str, *, ann: dict[str, str] | None = None, replicas: int = 1, ns: str = NS) -> dict:
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {
+            "name": name,
+            "namespace": ns,
+            "uid": f"uid-{name}",
+            "resourceVersion": "100",
+            "labels": {"ghostgpu.io/tracked": "true"},
+            "annotations": dict(ann or {}),
+            "creationTimestamp": iso(NOW - timedelta(hours=2)),
+        },
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": {"app": name}},
+            "template": {
+                "spec": {"containers": [{"name": "main", "resources": {"limits": {"nvidia.com/gpu": "2"}}}]}
+            },
+        },
+    }
+
+
+def pod_for(name: str, *, started: datetime | None = None, ns: str = NS) -> dict:
+    return {
+        "metadata": {
+            "name": f"{name}-abc12-xyz",
+            "namespace": ns,
+            "uid": f"uid-pod-{name}",
+            "labels": {"app": name, "pod-template-hash": "abc12"},
+            "ownerReferences": [{"kind": "ReplicaSet", "name": f"{name}-abc12", "controller": True}],
+        },
+        "spec": {
+            "nodeName": "gpu-0",
+            "containers": [{"name": "main", "resources": {"limits": {"nvidia.com/gpu": "2"}}}],
+        },
+        "status": {"phase": "Running", "startTime": iso(started or NOW - timedelta(hours=1))},
+    }
+
+
+class FakeCluster:
+    """Records writes; `objects` is what a fresh GET returns."""
+
+    def __init__(self, objects: dict[WorkloadRef, dict]) -> None:
+        self.objects = objects
+        self.patches: list[tuple[WorkloadRef, dict, str | None]] = []
+        self.scaled: list[tuple[WorkloadRef, int]] = []
+        self.evicted: list[str] = []
+        self.events: list[tuple[str, str]] = []
+        self.conflict_on: set[str] = set()
+
+    async def get(self, ref: WorkloadRef) -> dict:
+        return json.loads(json.dumps(self.objects[ref]))
+
+    async def patch_annotations(
+        self, ref: WorkloadRef, ann: Mapping[str, str | None], *, resource_version=None
+    ):
+        if resource_version and ref.name in self.conflict_on:
+            raise Conflict(str(ref))
+        self.patches.append((ref, dict(ann), resource_version))
+        meta = self.objects[ref]["metadata"]
+        for k, v in ann.items():
+            if v is None:
+                meta["annotations"].pop(k, None)
+            else:
+                meta["annotations"][k] = v
+        return self.objects[ref]
+
+    async def scale(self, ref: WorkloadRef, replicas: int) -> None:
+        self.scaled.append((ref, replicas))
+        self.objects[ref]["spec"]["replicas"] = replicas
+
+    async def evict(self, namespace: str, pod: str) -> str:
+        self.evicted.append(pod)
+        return "evicted"
+
+    async def event(
+        self, involved: Mapping[str, Any], *, reason: str, message: str, type_: str = "Normal"
+    ) -> None:
+        self.events.append((involved["metadata"]["name"], reason))
+
+
+class ScriptedUtilization:
+    def __init__(self) -> None:
+        self.values: dict[str, float | SignalFailure] = {}
+        self.queries: list[list[PodKey]] = []
+
+    async def poll(self, pods: Iterable[PodKey], *, now: float) -> dict[PodKey, PodReading]:
+        pods = list(pods)
+        self.queries.append(pods)
+        out = {}
+        for p in pods:
+            app = p.name.split("-abc12")[0]
+            v = self.values.get(app, SignalFailure(reason=FailureReason.MISSING))
+            out[p] = PodReading(v)
+        return out
+
+
+class ScriptedExec:
+    def __init__(self) -> None:
+        self.tables: dict[str, str | ExecFailed] = {}
+        self.calls: list[tuple[str, tuple[str, ...]]] = []
+
+    async def run(self, pod: PodRef, argv: tuple[str, ...], *, timeout: float) -> ExecResult:
+        self.calls.append((pod.name, argv))
+        app = pod.name.split("-abc12")[0]
+        t = self.tables.get(app, "PID STAT COMMAND\n1 Ss sh\n9 R python\n")
+        if isinstance(t, ExecFailed):
+            raise t
+        return ExecResult(t, "", 0)
+
+
+class Harness:
+    def __init__(self, tmp: Path, *, mode: str = "shadow", **cfg: Any) -> None:
+        self.cfg = ControllerConfig.model_validate(
+            {"mode": mode, "window": 3, "longWindow": 6, "pollInterval": "60s", "startupGrace": "10m", **cfg}
+        )
+        self.objects: dict[WorkloadRef, dict] = {}
+        self.pods: list[dict] = []
+        self.namespaces = {NS: {"ghostgpu.io/reclaim": "enabled", "ghostgpu.io/team": "research"}}
+        self.cluster = FakeCluster(self.objects)
+        self.util = ScriptedUtilization()
+        self.exec = ScriptedExec()
+        self.leader = True
+        self.escalations: list[str] = []
+        self.metrics = ControllerMetrics()
+        self.log = DecisionLog(tmp / "decisions.jsonl")
+        self.clock = NOW.timestamp()
+
+        async def escalate(decision: Any, wl: Any) -> None:
+            self.escalations.append(wl.ref.name)
+
+        self.rec = Reconciler(
+            self.cfg,
+            cluster=self.cluster,  # type: ignore[arg-type]
+            utilization=self.util,  # type: ignore[arg-type]
+            processes=ProcessSource(self.exec, concurrency=2),
+            files=FileArtifactProbe(self.exec),
+            s3=None,
+            metrics=self.metrics,
+            decision_log=self.log,
+            is_leader=lambda: self.leader,
+            clock=lambda: self.clock,
+            escalate=escalate,
+        )
+
+    def add(
+        self,
+        name: str,
+        *,
+        util: float | SignalFailure | None = 0.0,
+        table: str | ExecFailed | None = None,
+        ann: dict[str, str] | None = None,
+        started: datetime | None = None,
+        ns: str = NS,
+    ) -> None:
+        d = deployment(name, ann=ann, ns=ns)
+        self.objects[WorkloadRef("Deployment", ns, name)] = d
+        self.pods.append(pod_for(name, started=started, ns=ns))
+        if util is not None:
+            self.util.values[name] = util
+        if table is not None:
+            self.exec.tables[name] = table
+
+    def snapshot(self) -> Snapshot:
+        workloads = {}
+        for obj in self.objects.values():
+            wl = workload_from("Deployment", obj, IS_GPU)
+            workloads[wl.ref] = wl
+        live = [
+            p
+            for p in self.pods
+            if self.objects[
+                WorkloadRef("Deployment", p["metadata"]["namespace"], p["metadata"]["labels"]["app"])
+            ]["spec"]["replicas"]
+        ]
+        return Snapshot(self.namespaces, workloads, [pod_view(p, IS_GPU) for p in live], [])
+
+    async def polls(self, n: int) -> Any:
+        result = None
+        for _ in range(n):
+            result = await self.rec.poll_once(self.snapshot())
+            self.clock += 60
+        return result
+
+    def verdict(self, name: str) -> str | None:
+        return self.objects[WorkloadRef("Deployment", NS, name)]["metadata"]["annotations"].get(
+            "ghostgpu.io/verdict"
+        )
+
+    def replicas(self, name: str) -> int:
+        return int(self.objects[WorkloadRef("Deployment", NS, name)]["spec"]["replicas"])
+
+
+FINISHED = "PID STAT COMMAND\n1 Ss sh\n7 S sleep\n"
+ZOMBIE = "PID STAT COMMAND\n1 Ss sh\n12 Z python\n"
+
+
+async def test_shadow_judges_records_and_touches_nothing(tmp_path: Path) -> None:
+    h = Harness(tmp_path)
+    h.add("busy", util=80.0)
+    h.add("done", table=FINISHED)
+    h.add("crashed", table=ZOMBIE)
+    h.add("gap", table="PID STAT COMMAND\n1 Ss sh\n12 Sl python\n")
+    h.add("broken", util=SignalFailure(reason=FailureReason.HTTP_ERROR))
+    await h.polls(2)
+    # fewer than K samples: nobody is judged yet, busy or not
+    assert {h.verdict(n) for n in ("busy", "done", "broken")} == {"UNKNOWN"}
+    await h.polls(2)
+    assert h.verdict("done") == "FINISHED_IDLE" and h.verdict("crashed") == "ZOMBIE_CRASHED"
+    assert h.verdict("busy") == "ACTIVE"
+    assert h.verdict("gap") == "ACTIVE" and h.verdict("broken") == "UNKNOWN"
+    assert h.cluster.scaled == [] and h.cluster.evicted == []
+    assert all(
+        k in ("ghostgpu.io/verdict", "ghostgpu.io/evidence") for _, ann, _ in h.cluster.patches for k in ann
+    )
+    assert [e for e in h.cluster.events if e[1] == "WouldReclaim"] == [
+        ("crashed", "WouldReclaim"),
+        ("done", "WouldReclaim"),
+    ]
+    # one Event per verdict change, not per poll
+    assert [r for n, r in h.cluster.events if n == "done"] == [
+        "VerdictUnknown",
+        "VerdictFinishedIdle",
+        "WouldReclaim",
+    ]
+    # one batched utilization query per poll, processes only for all-zero windows
+    assert len(h.util.queries) == 4 and all(len(q) == 5 for q in h.util.queries)
+    probed = {name.split("-abc12")[0] for name, _ in h.exec.calls}
+    assert probed == {"done", "crashed", "gap"}
+    # the decision log feeds the report
+    rep = summarize(parse_lines(h.log.read_bytes().decode().splitlines()))
+    assert rep.polls == 4 and rep.gpu_hours_would_reclaim == pytest.approx(2 * 2 * 60 / 3600 * 2)
+    assert [m.outcome for m in rep.misses if m.workload.endswith("/broken")] == ["persisted"]
+
+
+async def test_enforce_scales_exactly_the_reclaimable_once(tmp_path: Path) -> None:
+    h = Harness(tmp_path, mode="enforce")
+    h.add("busy", util=80.0)
+    h.add("done", table=FINISHED)
+    h.add("crashed", table=ZOMBIE)
+    h.add("held", table="PID STAT COMMAND\n1 Ss tini\n8 Sl jupyter-lab\n")
+    h.add("exempt", ann={"ghostgpu.io/reclaim-policy": "never"}, table=FINISHED)
+    h.add("procs-forbidden", table=ExecFailed(FailureReason.FORBIDDEN, "HTTP 403"))
+    await h.polls(7)
+    assert sorted(r.name for r, n in h.cluster.scaled) == ["crashed", "done"]
+    assert all(n == 0 for _, n in h.cluster.scaled)
+    assert h.verdict("held") == "IDLE_HELD" and h.verdict("procs-forbidden") == "UNKNOWN"
+    assert h.verdict("exempt") is None
+    for name in ("done", "crashed"):
+        ann = h.objects[WorkloadRef("Deployment", NS, name)]["metadata"]["annotations"]
+        assert ann["ghostgpu.io/reclaimed-from-replicas"] == "1"
+        assert sum(1 for n, r in h.cluster.events if n == name and r == "Reclaimed") == 1
+    # the reclaim annotation was written with a resourceVersion precondition
+    assert all(
+        rv == "100" for _, ann, rv in h.cluster.patches if "ghostgpu.io/reclaimed-from-replicas" in ann
+    )
+    assert h.metrics.reclaims.labels(NS, "FINISHED_IDLE", "scale-to-zero")._value.get() == 1
+
+
+async def test_guards_before_acting(tmp_path: Path) -> None:
+    h = Harness(tmp_path, mode="enforce")
+    h.add("conflict", table=FINISHED)
+    h.add("already-zero", table=FINISHED)
+    h.add("late-exempt", table=FINISHED)
+    h.add("lost-lease", table=FINISHED)
+    h.cluster.conflict_on.add("conflict")
+    await h.polls(2)
+    snap = h.snapshot()  # the watch cache, about to go stale
+    # what a fresh read shows: someone scaled one to zero, an owner exempted another
+    h.objects[WorkloadRef("Deployment", NS, "already-zero")]["spec"]["replicas"] = 0
+    h.objects[WorkloadRef("Deployment", NS, "late-exempt")]["metadata"]["annotations"][
+        "gpu-eviction-policy"
+    ] = "never"
+    # leadership: held at the start of the poll and for "conflict", lost before "lost-lease"
+    answers = iter([True, True, False])
+    h.rec.is_leader = lambda: next(answers)
+    result = await h.rec.poll_once(snap)
+    outcomes = {r.name: o for r, o in result.actions}
+    assert outcomes == {
+        "already-zero": "already-zero",
+        "conflict": "conflict",
+        "late-exempt": "exempt",
+        "lost-lease": "not-leader",
+    }
+    assert h.cluster.scaled == []
+
+
+async def test_follower_never_writes(tmp_path: Path) -> None:
+    h = Harness(tmp_path, mode="enforce")
+    h.add("done", table=FINISHED)
+    h.leader = False
+    result = await h.polls(5)
+    assert h.cluster.patches == [] and h.cluster.events == [] and h.cluster.scaled == []
+    assert result.judged[WorkloadRef("Deployment", NS, "done")].verdict.kind.value == "FINISHED_IDLE"
+    assert h.log.read_bytes() == b"", "only the leader keeps the decision log"
+    h.leader = True  # takeover: the window is already warm, the new leader acts on its next poll
+    await h.polls(1)
+    assert [r.name for r, _ in h.cluster.scaled] == ["done"]
+
+
+async def test_grace_opt_out_and_new_pods_reset_the_window(tmp_path: Path) -> None:
+    h = Harness(tmp_path)
+    h.add("young", table=FINISHED, started=NOW - timedelta(minutes=1))
+    h.add("other-ns", table=FINISHED, ns="team-b")  # namespace not opted in
+    result = await h.polls(1)
+    assert result.states["grace"] == 1 and not result.judged
+    h.namespaces["team-b"] = {"ghostgpu.io/reclaim": "enabled"}
+    h.clock += 600  # grace over
+    await h.polls(3)
+    assert h.verdict("young") == "FINISHED_IDLE"
+    assert (
+        h.objects[WorkloadRef("Deployment", "team-b", "other-ns")]["metadata"]["annotations"][
+            "ghostgpu.io/verdict"
+        ]
+        == "FINISHED_IDLE"
+    )
+    # opting out later: the workload is forgotten and never touched again
+    h.namespaces["team-b"] = {}
+    writes = len(h.cluster.patches)
+    result = await h.polls(2)
+    assert WorkloadRef("Deployment", "team-b", "other-ns") not in result.judged
+    assert all(ref.namespace != "team-b" for ref, _, _ in h.cluster.patches[writes:])
+    # replaced pods: old zeros must not count for the new pod
+    h.pods = [p for p in h.pods if p["metadata"]["labels"]["app"] != "young"]
+    new = pod_for("young", started=NOW - timedelta(hours=1))
+    new["metadata"]["uid"] = "uid-new"
+    h.pods.append(new)
+    result = await h.polls(1)
+    assert result.judged[WorkloadRef("Deployment", NS, "young")].verdict.kind.value == "UNKNOWN"
+
+
+async def test_artifact_growth_keeps_it_alive_and_failure_is_unknown(tmp_path: Path) -> None:
+    h = Harness(tmp_path)
+    h.add("writer", table=FINISHED, ann={"ghostgpu.io/artifacts": "file:///data/ckpt"})
+    h.add("bad-uri", table=FINISHED, ann={"ghostgpu.io/artifacts": "file:///data/../etc"})
+    sizes = iter([100, 200, 300, 300, 300, 300])
+
+    async def measure(pod: PodRef, target: Any) -> Measurement:
+        return Measurement(next(sizes) * 1024, False)
+
+    h.rec.files.measure = measure  # type: ignore[method-assign]
+    await h.polls(3)
+    assert h.verdict("writer") == "ACTIVE"  # 100 KiB -> 300 KiB inside the window
+    assert h.verdict("bad-uri") == "UNKNOWN"
+    await h.polls(3)
+    assert h.verdict("writer") == "FINISHED_IDLE"
+
+
+async def test_escalation_is_sent_once_per_verdict(tmp_path: Path) -> None:
+    # tau 0: every non-observational action escalates
+    h = Harness(tmp_path, mode="enforce", autonomy={"tau": 0.0})
+    h.add("done", table=FINISHED)
+    await h.polls(6)
+    assert h.cluster.scaled == []
+    assert h.escalations == ["done"]
+    assert sum(1 for n, r in h.cluster.events if r == "ReclaimEscalated") == 1
+    ann = h.objects[WorkloadRef("Deployment", NS, "done")]["metadata"]["annotations"]
+    assert json.loads(ann["ghostgpu.io/escalated"])["action"] == "scale_to_zero"
+
+
+async def test_per_verdict_switch_disables_reclaim(tmp_path: Path) -> None:
+    h = Harness(tmp_path, mode="enforce", actions={"reclaim": {"FINISHED_IDLE": False}})
+    h.add("done", table=FINISHED)
+    h.add("crashed", table=ZOMBIE)
+    await h.polls(4)
+    assert [r.name for r, _ in h.cluster.scaled] == ["crashed"]
