@@ -12,6 +12,7 @@ import ssl
 import sys
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -255,8 +256,8 @@ class _Starter:
         self._etcd()
         self._apiserver()
         self.kube = Kube(self.kubeconfig)
+        self._controllers()  # they need no CRDs: let them start while the CRDs go in
         self._crds_and_bootstrap()
-        self._controllers()
         self._kwok()
         if "kueue" in self.addons:
             self._kueue()
@@ -391,7 +392,10 @@ class _Starter:
         if "kyverno" in self.addons:
             crds += load_yaml_docs(sorted(self.tools.kyverno_crd_dir.rglob("*.yaml")))
         crds = [c for c in crds if c.get("kind") == "CustomResourceDefinition"]
-        self.kube.apply_all(crds)
+        self.kube.resource("apiextensions.k8s.io/v1", "CustomResourceDefinition")  # discover once
+        # Kyverno's CRDs are megabytes of schema; a few in flight at once halves this step.
+        with ThreadPoolExecutor(max_workers=4) as pool:
+            list(pool.map(self.kube.apply, crds))
         self.kube.wait_crds_established([c["metadata"]["name"] for c in crds])
         if "kueue" in self.addons:
             self.kube.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "kueue-system"}})
