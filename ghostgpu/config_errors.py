@@ -82,6 +82,25 @@ def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode, deep: bool
 
 _StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
 
+# A cluster file of any real size expands to a few thousand nodes; this bound stops an alias bomb
+# (k lines of anchors expanding to 10^k nodes) before anything walks the expanded tree.
+MAX_EXPANDED_NODES = 100_000
+
+
+def _expanded_size(node: yaml.Node, memo: dict[int, int]) -> int:
+    """Nodes the document has once every alias is expanded (linear in the composed graph)."""
+    known = memo.get(id(node))
+    if known is not None:
+        return known
+    memo[id(node)] = 1  # a recursive alias counts once instead of looping forever
+    size = 1
+    if isinstance(node, yaml.MappingNode):
+        size += sum(_expanded_size(k, memo) + _expanded_size(v, memo) for k, v in node.value)
+    elif isinstance(node, yaml.SequenceNode):
+        size += sum(_expanded_size(item, memo) for item in node.value)
+    memo[id(node)] = size
+    return size
+
 
 @dataclass
 class ParsedYaml:
@@ -104,6 +123,18 @@ def parse_yaml(text: str, source: str) -> ParsedYaml:
         loader = _StrictLoader(text)
         try:
             node = loader.get_single_node()
+            if node is not None and (size := _expanded_size(node, {})) > MAX_EXPANDED_NODES:
+                raise ConfigError(
+                    source,
+                    [
+                        ConfigIssue(
+                            "",
+                            f"YAML aliases expand to {size:,} nodes (at most {MAX_EXPANDED_NODES:,}): "
+                            "write the values out or use fewer nested aliases",
+                            node.start_mark.line + 1,
+                        )
+                    ],
+                )
             data = loader.construct_document(node) if node is not None else None
         finally:
             loader.dispose()
