@@ -15,3 +15,4 @@ RECLAIMED_FROM = "ghostgpu.io/reclaimed-from-replicas"
 RECLAIMED_AT = "ghostgpu.io/reclaimed-at"
 ESCALATED = "ghostgpu.io/escalated"
 COMPONENT = "ghostgpu-controller"
+CAPACITY_FREED_AT = "ghostgpu.io/capacity-freed-at"  # on Nodes: nudges Kueue to retry pending work

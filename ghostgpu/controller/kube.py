@@ -226,6 +226,17 @@ class Cluster:
                 raise NotFound(str(ref)) from exc
             raise
 
+    async def annotate_node(self, node: str, annotations: Mapping[str, str]) -> None:
+        """Merge-patch a Node's annotations (the Kueue requeue nudge; see Reconciler.nudge_kueue)."""
+        async with self.api.call_api(
+            "PATCH",
+            version="v1",
+            url=f"nodes/{node}",
+            content=json.dumps({"metadata": {"annotations": dict(annotations)}}),
+            headers={"Content-Type": "application/merge-patch+json"},
+        ):
+            pass
+
     async def scale(self, ref: WorkloadRef, replicas: int) -> None:
         """Through the scale subresource (needs only `<kind>/scale` patch rights)."""
         rt = RESOURCE_OF_KIND[ref.kind]

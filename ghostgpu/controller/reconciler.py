@@ -118,7 +118,9 @@ class Reconciler:
         clock: Callable[[], float] = time.time,
         autonomy: AutonomyConfig | None = None,
         escalate: Callable[..., Any] | None = None,
+        nudge_nodes: bool = True,
     ) -> None:
+        self.nudge_nodes = nudge_nodes
         self.cfg = cfg
         self.policy = policy_from_config(cfg)
         self.cluster = cluster
@@ -296,6 +298,7 @@ class Reconciler:
         if leader:
             self.decision_log.append(decisions)
             self._accrue(snap, result)
+            await self.nudge_kueue(result)
         result.duration = time.monotonic() - t0
         self.metrics.poll_duration.observe(result.duration)
         self.metrics.set_workload_states(result.states)
@@ -452,6 +455,32 @@ class Reconciler:
         if self.escalate is not None:
             await self.escalate(p.decision, wl)
         return "escalated"
+
+    async def nudge_kueue(self, result: PollResult) -> None:
+        """Tell Kueue that GPUs were freed on these nodes.
+
+        Why: Kueue's topology-aware scheduling counts pods outside Kueue against node capacity,
+        but (v0.17) retries inadmissible workloads on node changes, not on pod deletions; so a
+        Job that did not fit would wait for an unrelated event. A Node annotation change is such
+        an event. The annotation is informational and harmless; failures are only logged.
+        """
+        if not self.nudge_nodes:
+            return
+        nodes = sorted(
+            {
+                p.node_name
+                for ref, outcome in result.actions
+                if outcome in ("scaled-to-zero", "evict-evicted")
+                for p in result.judged[ref].pods
+                if p.node_name
+            }
+        )
+        stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        for node in nodes:
+            try:
+                await self.cluster.annotate_node(node, {keys.CAPACITY_FREED_AT: stamp})
+            except Exception as exc:
+                log.warning("could not annotate node", extra={"node": node, "error": str(exc)})
 
     def _accrue(self, snap: Snapshot, result: PollResult) -> None:
         """Ghost GPUs gauge and the GPU-hour counters (leader only, once per poll)."""

@@ -38,6 +38,8 @@ POLL = 2  # seconds
 WINDOW, LONG_WINDOW = 3, 7
 H100 = {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
 LEASE_NS = "ghostgpu-system"
+HOSTNAME = "kubernetes.io/hostname"
+QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 
 
 # --- helpers -------------------------------------------------------------------------------------
@@ -53,7 +55,7 @@ def controller_config(tmp: Path, prometheus_url: str, mode: str) -> Path:
     cfg = yaml.safe_load((REPO / "examples" / "ghostgpu.yaml").read_text())
     cfg["controller"].update(
         mode=mode,
-        leaseName=f"ghostgpu-{tmp.name[-20:].lower().strip('_-')}-{uuid.uuid4().hex[:6]}",
+        leaseName=f"ghostgpu-{uuid.uuid4().hex[:8]}",  # one lease per test: no stray holder carries over
         pollInterval=f"{POLL}s",
         window=WINDOW,
         longWindow=LONG_WINDOW,
@@ -405,3 +407,134 @@ def test_real_prometheus_utilization(
     out = wait_for(lambda: (r := asyncio.run(poll())) and r[keys[0]].utilization == 42.0 and r, 30, "scrape")
     assert out[keys[1]].utilization == 0.0 and [x.code for x in out[keys[1]].xids] == [79]
     assert getattr(out[keys[2]].utilization, "reason", None) == "missing"
+
+
+def test_pending_job_admitted_once_ghosts_are_gone(
+    devcluster: DevCluster,
+    make_namespace: Callable[..., str],
+    process_tables: ProcessTables,
+    dcgm: FakeDcgmClient,
+    prometheus_url: str,
+    tmp_path: Path,
+) -> None:
+    """Kueue's topology-aware scheduling counts pods outside Kueue against node capacity: a Job that
+    needs a whole node does not fit while two ghosts hold it, and is admitted once they are gone."""
+    kube = devcluster.kube
+    co = client.CustomObjectsApi(kube.api_client)
+    batch = client.BatchV1Api(kube.api_client)
+    uid = uuid.uuid4().hex[:6]
+    topo, flavor, cq = f"hosts-{uid}", f"tas-h100-{uid}", f"cq-{uid}"
+    kube.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": LEASE_NS}})
+    ns = make_namespace({"ghostgpu.io/reclaim": "enabled", "ghostgpu.io/team": "research"}, prefix="queue")
+    gpu_toleration = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+    kueue_objs = [
+        {"kind": "Topology", "metadata": {"name": topo}, "spec": {"levels": [{"nodeLabel": HOSTNAME}]}},
+        {"kind": "ResourceFlavor", "metadata": {"name": flavor},
+         "spec": {"nodeLabels": H100, "topologyName": topo, "tolerations": gpu_toleration}},
+        {"kind": "ClusterQueue", "metadata": {"name": cq},
+         "spec": {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns}},
+                  "resourceGroups": [{"coveredResources": ["nvidia.com/gpu"],
+                                      "flavors": [{"name": flavor, "resources": [{"name": "nvidia.com/gpu",
+                                                                                  "nominalQuota": 16}]}]}]}},
+        # Not named "default": Kueue would default every new workload in the namespace into it.
+        {"kind": "LocalQueue", "metadata": {"name": "jobs", "namespace": ns}, "spec": {"clusterQueue": cq}},
+    ]  # fmt: skip
+    for obj in kueue_objs:
+        kube.apply({"apiVersion": "kueue.x-k8s.io/v1beta2", **obj})
+    controller: Controller | None = None
+    try:
+        # Two 4-GPU ghosts fill gpu-h100-0; a live 1-GPU trainer sits on gpu-h100-1.
+        for name, node, gpus in (
+            ("ghost-a", "gpu-h100-0", 4),
+            ("ghost-b", "gpu-h100-0", 4),
+            ("live", "gpu-h100-1", 1),
+        ):
+            dep = deployment(name, ns, gpus=gpus)
+            dep["spec"]["template"]["spec"]["nodeSelector"] = {**H100, HOSTNAME: node}
+            kube.apply(dep)
+        sc = Scenario(devcluster, ns, process_tables, dcgm)
+        for name in ("ghost-a", "ghost-b", "live"):
+            sc.pods[name] = wait_for(lambda n=name: sc.running_pod(n), 90, f"{name} running")
+        for name in ("ghost-a", "ghost-b"):
+            process_tables.set(ns, sc.pods[name], FINISHED)
+            dcgm.set(ns, sc.pods[name], util=0.0)
+        process_tables.set(ns, sc.pods["live"], LIVE)
+        dcgm.set(ns, sc.pods["live"], util=90.0)
+
+        job = {
+            "apiVersion": "batch/v1",
+            "kind": "Job",
+            "metadata": {"name": "needs-a-node", "namespace": ns, "labels": {QUEUE_LABEL: "jobs"}},
+            "spec": {
+                "parallelism": 1,
+                "completions": 1,
+                "suspend": True,
+                "template": {
+                    "metadata": {"annotations": {"kueue.x-k8s.io/podset-required-topology": HOSTNAME}},
+                    "spec": {
+                        "restartPolicy": "Never",
+                        "containers": [{"name": "train", "image": "trainer:latest",
+                                        "resources": {"limits": {"nvidia.com/gpu": "8"}}}],
+                    },
+                },
+            },
+        }  # fmt: skip
+        kube.apply(job)
+
+        def cq_status() -> dict[str, Any]:
+            return co.get_cluster_custom_object("kueue.x-k8s.io", "v1beta2", "clusterqueues", cq).get(
+                "status", {}
+            )
+
+        def does_not_fit() -> bool:
+            wls = co.list_namespaced_custom_object("kueue.x-k8s.io", "v1beta2", ns, "workloads")["items"]
+            conds = [c for w in wls for c in (w.get("status") or {}).get("conditions") or []]
+            pending = [c for c in conds if c["type"] == "QuotaReserved" and c["status"] == "False"]
+            return any("fit" in c.get("message", "") for c in pending)
+
+        wait_for(does_not_fit, 60, "Kueue to find that the Job does not fit")
+        time.sleep(2 * POLL)
+        assert cq_status().get("admittedWorkloads", 0) == 0 and cq_status().get("pendingWorkloads") == 1
+        assert batch.read_namespaced_job("needs-a-node", ns).spec.suspend is True
+
+        def status() -> dict[str, Any]:
+            out = subprocess.run(
+                [sys.executable, "-m", "ghostgpu.cli", "status", "--json",
+                 "--kubeconfig", str(devcluster.kubeconfig)],
+                capture_output=True, text=True, check=True, cwd=REPO,
+            )  # fmt: skip
+            return next(a for a in json.loads(out.stdout) if a["flavor"] == flavor)
+
+        before = status()
+        assert (
+            before["allocatable"] == 16 and before["kueueAdmitted"] == 0 and before["kueueBelievesFree"] == 16
+        )
+        assert before["heldOutsideKueue"] >= 9 and before["gap"] >= 9
+
+        controller = Controller(
+            devcluster.kubeconfig, controller_config(tmp_path, prometheus_url, "enforce"), tmp_path, "enforce"
+        )
+        controller.wait_polls(1)
+        wait_for(lambda: sc.replicas("ghost-a") == 0 and sc.replicas("ghost-b") == 0, 90, "ghosts reclaimed")
+        admitted_at = time.monotonic()
+        wait_for(lambda: cq_status().get("admittedWorkloads") == 1, 60, "Kueue admits the Job")
+        print(f"Job admitted {time.monotonic() - admitted_at:.1f}s after the reclaim")
+        assert sc.replicas("live") == 1
+        usage = cq_status()["flavorsUsage"][0]["resources"][0]
+        assert usage["name"] == "nvidia.com/gpu" and usage["total"] == "8"
+        after = wait_for(
+            lambda: (s := status())["kueueAdmitted"] == 8 and s, 30, "status shows the admission"
+        )
+        assert after["outsideKueueByVerdict"].get("FINISHED_IDLE", 0) == 0
+        assert after["outsideKueueByVerdict"].get("ACTIVE") == 1
+    finally:
+        if controller is not None:
+            controller.stop()
+        kube.delete("batch/v1", "Job", "needs-a-node", ns)
+        for obj in reversed(kueue_objs):
+            kube.delete(
+                "kueue.x-k8s.io/v1beta2",
+                obj["kind"],
+                obj["metadata"]["name"],
+                obj["metadata"].get("namespace"),
+            )

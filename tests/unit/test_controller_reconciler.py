@@ -88,6 +88,7 @@ class FakeCluster:
         self.evicted: list[str] = []
         self.events: list[tuple[str, str]] = []
         self.conflict_on: set[str] = set()
+        self.nodes_annotated: list[str] = []
 
     async def get(self, ref: WorkloadRef) -> dict:
         return json.loads(json.dumps(self.objects[ref]))
@@ -109,6 +110,9 @@ class FakeCluster:
     async def scale(self, ref: WorkloadRef, replicas: int) -> None:
         self.scaled.append((ref, replicas))
         self.objects[ref]["spec"]["replicas"] = replicas
+
+    async def annotate_node(self, node: str, annotations: Mapping[str, str]) -> None:
+        self.nodes_annotated.append(node)
 
     async def evict(self, namespace: str, pod: str) -> str:
         self.evicted.append(pod)
@@ -296,6 +300,8 @@ async def test_enforce_scales_exactly_the_reclaimable_once(tmp_path: Path) -> No
         rv == "100" for _, ann, rv in h.cluster.patches if "ghostgpu.io/reclaimed-from-replicas" in ann
     )
     assert h.metrics.reclaims.labels(NS, "FINISHED_IDLE", "scale-to-zero")._value.get() == 1
+    # Kueue is told once that capacity was freed on the node of the reclaimed pods
+    assert h.cluster.nodes_annotated == ["gpu-0"]
 
 
 async def test_guards_before_acting(tmp_path: Path) -> None:
