@@ -32,7 +32,12 @@ class Recorder:
         self.t0 = time.perf_counter()
         self.cpu0 = cpu_seconds()
 
+    profile_from: int | None = None  # cProfile polls from this one on (`--profile`)
+    profiler: Any = None
+
     def begin(self) -> None:
+        if self.profile_from is not None and self.poll + 1 >= self.profile_from and self.profiler:
+            self.profiler.enable()
         self._start = (
             time.perf_counter(),
             cpu_seconds(),
@@ -63,7 +68,22 @@ class Recorder:
             "process_cpu_s": round(cpu_seconds() - self.cpu0, 3),
             "process_wall_s": round(time.perf_counter() - self.t0, 3),
         }
+        if self.profiler is not None:
+            self.profiler.disable()
         with self.out.open("a", encoding="utf-8") as f:
+            f.write(json.dumps(row, sort_keys=True) + "\n")
+
+    def synced(self) -> None:
+        """One line before the first poll: what the watch caches alone cost."""
+        rss, hwm = memory_mib()
+        row = {
+            "poll": 0,
+            "synced_after_s": round(time.perf_counter() - self.t0, 3),
+            "cpu_s": round(cpu_seconds() - self.cpu0, 3),
+            "rss_mib": round(rss, 1),
+            "peak_rss_mib": round(hwm, 1),
+        }
+        with self.out.with_suffix(".startup.json").open("w", encoding="utf-8") as f:
             f.write(json.dumps(row, sort_keys=True) + "\n")
 
 
@@ -73,6 +93,12 @@ def install(recorder: Recorder) -> None:
     original_snapshot = app.Informers.snapshot
     original_accounting = app.accounting_from
     base = app.Reconciler
+
+    original_synced = app.Informers.wait_synced
+
+    async def wait_synced(self: Any) -> None:
+        await original_synced(self)
+        recorder.synced()
 
     def snapshot(self: Any, flavors: Any) -> Any:
         recorder.begin()
@@ -91,6 +117,7 @@ def install(recorder: Recorder) -> None:
             return result
 
     app.Informers.snapshot = snapshot  # type: ignore[method-assign]
+    app.Informers.wait_synced = wait_synced  # type: ignore[method-assign]
     app.accounting_from = accounting  # type: ignore[assignment]
     app.Reconciler = MeasuredReconciler  # type: ignore[misc]
 
@@ -104,6 +131,8 @@ def main() -> None:
     ap.add_argument("--prom-port", type=int, required=True)
     ap.add_argument("--port", type=int, required=True, help="the controller's /metrics port")
     ap.add_argument("--decision-log", default="")
+    ap.add_argument("--profile", type=Path, default=None, help="cProfile polls >= --profile-from")
+    ap.add_argument("--profile-from", type=int, default=0)
     args = ap.parse_args()
 
     import logging
@@ -116,6 +145,11 @@ def main() -> None:
     counter = RequestCounter(prometheus_port=args.prom_port)
     counter.install()
     recorder = Recorder(args.out, counter)
+    if args.profile:
+        import cProfile
+
+        recorder.profiler = cProfile.Profile()
+        recorder.profile_from = args.profile_from
     install(recorder)
     from ghostgpu.controller import app  # patched above
 
@@ -130,6 +164,12 @@ def main() -> None:
             max_polls=args.polls,
         )
     )
+    if args.profile and recorder.profiler is not None:
+        import pstats
+
+        with args.profile.open("w", encoding="utf-8") as f:
+            pstats.Stats(recorder.profiler, stream=f).sort_stats("cumulative").print_stats(60)
+            pstats.Stats(recorder.profiler, stream=f).sort_stats("tottime").print_stats(40)
 
 
 if __name__ == "__main__":

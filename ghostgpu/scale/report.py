@@ -111,18 +111,22 @@ def plot(results: Sequence[SizeResult], path: Path) -> None:
         ("wall_s", "wall time s per poll"),
         ("prometheus_queries", "Prometheus queries per poll"),
         ("exec_calls", "exec calls per poll"),
+        ("apiserver_requests", "apiserver requests per poll"),
+        ("peak_rss_mib", "peak RSS MiB (process)"),
     )
-    fig, axes = plt.subplots(2, 2, figsize=(10, 7.5))
+    fig, axes = plt.subplots(2, 3, figsize=(14, 7.5))
     for ax, (attr, title) in zip(axes.flat, panels, strict=True):
         mine = [getattr(r.ghostgpu, attr) for r in results]
         theirs = [getattr(r.naive, attr) for r in results]
         ax.plot(ns, theirs, "s--", color="tab:red", label="naive cron (baseline)")
         ax.plot(ns, mine, "o-", color="tab:blue", label="ghostgpu")
         for r, y in zip(results, theirs, strict=True):
-            if r.naive.extrapolated_from:
+            if r.naive.extrapolated_from and attr != "peak_rss_mib":  # RSS is measured, not scaled
                 ax.annotate("extrapolated", (r.n, y), textcoords="offset points", xytext=(-30, 6), fontsize=7)
         if attr == "cpu_s":
             ax.axhline(CPU_TARGET_S, color="grey", lw=0.8, ls=":", label="target 1 s at N=10,000")
+        if attr == "peak_rss_mib":
+            ax.axhline(RSS_TARGET_MIB, color="grey", lw=0.8, ls=":", label="target 300 MiB at N=10,000")
         ax.set_xscale("log")
         ax.set_yscale("log")
         ax.set_title(title, fontsize=10)
