@@ -31,11 +31,23 @@ class Recorder:
         self.states: dict[str, int] = {}
         self.t0 = time.perf_counter()
         self.cpu0 = cpu_seconds()
+        self._gc0: tuple[float, int] = (0.0, 0)
 
     profile_from: int | None = None  # cProfile polls from this one on (`--profile`)
     profiler: Any = None
+    gc_s = 0.0  # time inside the cyclic garbage collector (gc.callbacks), process lifetime
+    gc_full = 0  # generation-2 collections
+    _gc_t = 0.0
+
+    def on_gc(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._gc_t = time.perf_counter()
+        else:
+            self.gc_s += time.perf_counter() - self._gc_t
+            self.gc_full += info.get("generation") == 2
 
     def begin(self) -> None:
+        self._gc0 = (self.gc_s, self.gc_full)
         if self.profile_from is not None and self.poll + 1 >= self.profile_from and self.profiler:
             self.profiler.enable()
         self._start = (
@@ -65,6 +77,8 @@ class Recorder:
             "requests": d,
             "apiserver_by_verb": {k: v for k, v in delta(dict(self.counter.by_verb), verbs).items() if v},
             "states": self.states,
+            "gc_s": round(self.gc_s - self._gc0[0], 4),
+            "gc_full_collections": self.gc_full - self._gc0[1],
             "process_cpu_s": round(cpu_seconds() - self.cpu0, 3),
             "process_wall_s": round(time.perf_counter() - self.t0, 3),
         }
@@ -145,6 +159,9 @@ def main() -> None:
     counter = RequestCounter(prometheus_port=args.prom_port)
     counter.install()
     recorder = Recorder(args.out, counter)
+    import gc
+
+    gc.callbacks.append(recorder.on_gc)
     if args.profile:
         import cProfile
 
