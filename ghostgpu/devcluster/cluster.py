@@ -629,12 +629,18 @@ class _Starter:
                 )
 
             procs.wait_for("kyverno webhooks registered", kyverno_ready, 180, self._kyverno_rec)
-            procs.wait_for(
-                "kyverno background controller",
-                lambda: procs.alive(self._kyverno_bg_rec) and time.sleep(1) is None,
-                30,
-                self._kyverno_bg_rec,
-            )
+            # Both controllers run their work loops only as leaders: a held lease means started.
+            for lease in ("kyverno", "kyverno-background-controller"):
+                procs.wait_for(
+                    f"leader lease {lease}",
+                    lambda lease=lease: bool(
+                        client.CoordinationV1Api(self.kube.api_client)
+                        .read_namespaced_lease(lease, components.KYVERNO_NAMESPACE)
+                        .spec.holder_identity
+                    ),
+                    90,
+                    self._kyverno_bg_rec if "background" in lease else self._kyverno_rec,
+                )
             self._mark("kyverno")
         if "prometheus" in self.addons:
             procs.wait_for(

@@ -129,7 +129,7 @@ def kueue_crds(crd_dir: Path, webhook_dir: Path, port: int, ca_pem: bytes) -> li
     converted = {yaml.safe_load(p.read_text())["metadata"]["name"] for p in patches}
     crds = []
     for f in sorted(crd_dir.glob("*.yaml")):
-        crd = yaml.safe_load(f.read_text())
+        crd = yaml.load(f.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
         if crd["metadata"]["name"] in converted:
             crd["spec"]["conversion"] = {
                 "strategy": "Webhook",

@@ -15,13 +15,15 @@ from kubernetes.dynamic import DynamicClient
 from kubernetes.dynamic.exceptions import NotFoundError, ResourceNotFoundError
 
 FIELD_MANAGER = "ghostgpu-devcluster"
+# Kyverno's and Kueue's CRDs are ~9 MB of YAML: libyaml parses them >10x faster than pure Python.
+_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
 def load_yaml_docs(paths: Iterable[Path]) -> list[dict[str, Any]]:
     """All non-empty YAML documents of the given files, in file order."""
     docs: list[dict[str, Any]] = []
     for p in paths:
-        for doc in yaml.safe_load_all(p.read_text()):
+        for doc in yaml.load_all(p.read_text(), Loader=_LOADER):
             if doc:
                 if not isinstance(doc, dict) or "kind" not in doc:
                     raise ValueError(f"{p}: every YAML document must be a Kubernetes object with a kind")
