@@ -522,9 +522,10 @@ def test_pending_job_admitted_once_ghosts_are_gone(
         assert sc.replicas("live") == 1
         usage = cq_status()["flavorsUsage"][0]["resources"][0]
         assert usage["name"] == "nvidia.com/gpu" and usage["total"] == "8"
-        after = wait_for(
-            lambda: (s := status())["kueueAdmitted"] == 8 and s, 30, "status shows the admission"
-        )
+        try:
+            after = wait_for(lambda: (s := status())["kueueAdmitted"] == 8 and s, 30, "status shows the admission")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}; last status: {status()}") from None
         assert after["outsideKueueByVerdict"].get("FINISHED_IDLE", 0) == 0
         assert after["outsideKueueByVerdict"].get("ACTIVE") == 1
     finally:
