@@ -178,6 +178,7 @@ async def run_controller(
     retry_period: float = 2.0,
     max_polls: int | None = None,
     ready_file: str | None = None,
+    kueue_nudge: bool = True,
 ) -> None:
     cfg = loaded.controller
     identity = identity or os.environ.get("POD_NAME") or f"{socket.gethostname()}-{os.getpid()}"
@@ -213,6 +214,7 @@ async def run_controller(
         decision_log=dlog,
         is_leader=elector.is_leader,
         escalate=_escalator(cfg),
+        nudge_nodes=kueue_nudge,
     )
     interval = cfg.poll_interval.seconds
     started = time.time()

@@ -38,6 +38,11 @@ def controller(
         "/var/lib/ghostgpu/decisions.jsonl", "--decision-log", help="JSONL decision history ('' = off)."
     ),
     max_polls: int | None = typer.Option(None, "--max-polls", help="Stop after N polls (testing)."),
+    kueue_nudge: bool = typer.Option(
+        True,
+        "--kueue-nudge/--no-kueue-nudge",
+        help="Annotate Nodes freed by a reclaim so Kueue retries pending work.",
+    ),
     log_level: str = typer.Option("INFO", "--log-level"),
 ) -> None:
     """Run the reclaim controller (shadow mode unless the config says enforce)."""
@@ -81,6 +86,7 @@ def controller(
             renew_deadline=renew_deadline,
             retry_period=retry_period,
             max_polls=max_polls,
+            kueue_nudge=kueue_nudge,
         )
     )
 
