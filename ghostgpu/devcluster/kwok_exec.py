@@ -14,13 +14,15 @@ Contract (what a test does, what the probe sees):
   stderr), which a controller must treat as a failed signal.
 * A pod with no table has no Exec object: kwok answers the exec with an error
   ("no exec found"), i.e. the signal fails. ``ProcessTables.clear`` returns a pod to that state.
-* The first ``set`` for a pod needs kwok's informer to see the new Exec (well under a second);
-  ``set`` waits for that by default by probing through the apiserver. Later ``set`` calls only
-  rewrite the file and take effect at once.
+* kwok's informer sees a new or changed Exec object a moment later, so ``set`` (wait=True, the
+  default) probes through the apiserver until kwok serves exactly the scripted table (or the
+  scripted exit code). Rewriting the table of a pod whose Exec is unchanged takes effect at once.
+* ``probe(namespace, pod)`` runs ``["ps", "-eo", "pid,stat,comm"]`` the same way and returns stdout.
 """
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -104,7 +106,6 @@ class ProcessTables:
         }
         if container:
             target["containers"] = [container]
-        existed = self.kube.get("kwok.x-k8s.io/v1alpha1", "Exec", pod, namespace) is not None
         self.kube.apply(
             {
                 "apiVersion": "kwok.x-k8s.io/v1alpha1",
@@ -113,8 +114,8 @@ class ProcessTables:
                 "spec": {"execs": [target]},
             }
         )
-        if wait and (not existed or exit_code == 0):
-            self._wait_visible(namespace, pod, container, exit_code, timeout)
+        if wait:
+            self._wait_visible(namespace, pod, container, text, exit_code, timeout)
 
     def clear(self, namespace: str, pod: str) -> None:
         self.kube.delete("kwok.x-k8s.io/v1alpha1", "Exec", pod, namespace)
@@ -144,22 +145,29 @@ class ProcessTables:
             # NonZeroExitCode carries the code in details.causes; anything else is an exec error.
             causes = (status.get("details") or {}).get("causes") or []
             code = next((c.get("message") for c in causes if c.get("reason") == "ExitCode"), None)
-            detail = err.strip() or status.get("message", "no status from the exec stream")
+            message = str(status.get("message", "no status from the exec stream"))
+            if code is None:  # kwok reports a failed command as an InternalError "... exit status N"
+                m = re.search(r"exit status (\d+)", message)
+                code = m[1] if m else None
+            detail = err.strip() or message
             raise RuntimeError(f"exec in {namespace}/{pod} failed (exit {code}): {detail}")
         return str(out)
 
     def _wait_visible(
-        self, namespace: str, pod: str, container: str | None, exit_code: int, timeout: float
+        self, namespace: str, pod: str, container: str | None, text: str, exit_code: int, timeout: float
     ) -> None:
+        """Probe until kwok serves exactly what was scripted (its informer lags the Exec object)."""
         deadline = time.monotonic() + timeout
         last = ""
         while time.monotonic() < deadline:
             try:
-                self.probe(namespace, pod, container)
-                return
-            except Exception as e:  # kwok has not seen the Exec yet
+                out = self.probe(namespace, pod, container)
+                if exit_code == 0 and out == text:
+                    return
+                last = f"got {out!r}"
+            except RuntimeError as e:
                 last = str(e)
-                if exit_code != 0 and "exit" in last:
+                if exit_code != 0 and f"(exit {exit_code})" in last:
                     return
             time.sleep(0.3)
         raise TimeoutError(f"kwok did not serve the process table of {namespace}/{pod} in {timeout}s: {last}")
