@@ -176,12 +176,33 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+VERSITYGW_VERSION = "v1.8.0"
+
+
 def _versitygw() -> str | None:
+    """The versitygw binary: $GHOSTGPU_VERSITYGW, the cache, PATH, or built once from the Go module
+    proxy into ~/.cache/ghostgpu/versitygw-<version>/bin (a couple of minutes, then cached)."""
     if os.environ.get("GHOSTGPU_VERSITYGW"):
         return os.environ["GHOSTGPU_VERSITYGW"]
-    cache = Path.home() / ".cache" / "ghostgpu"
-    found = sorted(cache.glob("versitygw-*/bin/versitygw"))
-    return str(found[-1]) if found else shutil.which("versitygw")
+    bindir = Path.home() / ".cache" / "ghostgpu" / f"versitygw-{VERSITYGW_VERSION}" / "bin"
+    if (bindir / "versitygw").exists():
+        return str(bindir / "versitygw")
+    if shutil.which("versitygw"):
+        return shutil.which("versitygw")
+    if shutil.which("go") is None:
+        return None
+    bindir.mkdir(parents=True, exist_ok=True)
+    try:
+        subprocess.run(
+            ["go", "install", f"github.com/versity/versitygw/cmd/versitygw@{VERSITYGW_VERSION}"],
+            env={**os.environ, "GOBIN": str(bindir), "GOFLAGS": "-mod=mod"},
+            check=True,
+            capture_output=True,
+            timeout=900,
+        )
+    except (subprocess.SubprocessError, OSError):
+        return None
+    return str(bindir / "versitygw") if (bindir / "versitygw").exists() else None
 
 
 def _wait_port(port: int, timeout: float = 15.0) -> None:
