@@ -32,15 +32,16 @@ class ResourceType:
     version: str  # "v1" or "group/version"
     plural: str
     namespaced: bool = True
+    kind: str = ""
 
 
-NAMESPACES = ResourceType("v1", "namespaces", namespaced=False)
-PODS = ResourceType("v1", "pods")
-NODES = ResourceType("v1", "nodes", namespaced=False)
-DEPLOYMENTS = ResourceType("apps/v1", "deployments")
-STATEFULSETS = ResourceType("apps/v1", "statefulsets")
-CLUSTERQUEUES = ResourceType("kueue.x-k8s.io/v1beta2", "clusterqueues", namespaced=False)
-LEASES = ResourceType("coordination.k8s.io/v1", "leases")
+NAMESPACES = ResourceType("v1", "namespaces", namespaced=False, kind="Namespace")
+PODS = ResourceType("v1", "pods", kind="Pod")
+NODES = ResourceType("v1", "nodes", namespaced=False, kind="Node")
+DEPLOYMENTS = ResourceType("apps/v1", "deployments", kind="Deployment")
+STATEFULSETS = ResourceType("apps/v1", "statefulsets", kind="StatefulSet")
+CLUSTERQUEUES = ResourceType("kueue.x-k8s.io/v1beta2", "clusterqueues", namespaced=False, kind="ClusterQueue")
+LEASES = ResourceType("coordination.k8s.io/v1", "leases", kind="Lease")
 RESOURCE_OF_KIND = {"Deployment": DEPLOYMENTS, "StatefulSet": STATEFULSETS, "Pod": PODS}
 
 
@@ -92,6 +93,9 @@ class Reflector:
             ) as resp:
                 body = resp.json()
             for obj in body.get("items") or []:
+                # List items carry no kind/apiVersion; Events need them in involvedObject.
+                obj.setdefault("kind", self.rtype.kind)
+                obj.setdefault("apiVersion", self.rtype.version)
                 items[self._key(obj)] = self.transform(obj)
             cont = (body.get("metadata") or {}).get("continue")
             if not cont:

@@ -226,7 +226,10 @@ class Scenario:
     def verdict_events(self, name: str) -> list[str]:
         evs = self.core.list_namespaced_event(self.ns, field_selector=f"involvedObject.name={name}").items
         evs.sort(key=lambda e: (e.first_timestamp or e.event_time or 0, e.metadata.creation_timestamp))
-        return [e.reason for e in evs if e.reason.startswith("Verdict")]
+        # kind must be set, or `kubectl describe deployment` would not show the Event
+        return [
+            e.reason for e in evs if e.reason.startswith("Verdict") and e.involved_object.kind == "Deployment"
+        ]
 
     def events(self, name: str, reason: str) -> int:
         evs = self.core.list_namespaced_event(self.ns, field_selector=f"involvedObject.name={name}").items
