@@ -35,15 +35,16 @@ class Recorder:
 
     profile_from: int | None = None  # cProfile polls from this one on (`--profile`)
     profiler: Any = None
-    gc_s = 0.0  # time inside the cyclic garbage collector (gc.callbacks), process lifetime
+    gc_s = 0.0  # CPU time inside the cyclic garbage collector (gc.callbacks), process lifetime
     gc_full = 0  # generation-2 collections
     _gc_t = 0.0
 
     def on_gc(self, phase: str, info: dict[str, int]) -> None:
+        # process CPU time, not wall: a busy machine would inflate a wall-clock measure
         if phase == "start":
-            self._gc_t = time.perf_counter()
+            self._gc_t = time.process_time()
         else:
-            self.gc_s += time.perf_counter() - self._gc_t
+            self.gc_s += time.process_time() - self._gc_t
             self.gc_full += info.get("generation") == 2
 
     def begin(self) -> None:
