@@ -19,6 +19,7 @@ Fixtures other parts use:
 from __future__ import annotations
 
 import os
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -79,6 +80,11 @@ def make_namespace(devcluster: DevCluster) -> Iterator[Callable[..., str]]:
     yield make
     for name in created:
         devcluster.kube.delete("v1", "Namespace", name)
+    # Wait until they are gone: their pods hold kwok GPUs that the next test may need.
+    deadline = time.monotonic() + 90
+    while created and time.monotonic() < deadline:
+        created = [n for n in created if devcluster.kube.get("v1", "Namespace", n) is not None]
+        time.sleep(0.5)
 
 
 @pytest.fixture

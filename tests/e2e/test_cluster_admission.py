@@ -203,4 +203,10 @@ def test_gpu_job_naming_a_localqueue_is_admitted_and_runs_on_a_kwok_gpu_node(dev
     admission = wl.status.admission
     assert admission.clusterQueue == "research"
     assert admission.podSetAssignments[0].flavors["nvidia.com/gpu"] == "h100"
-    batch.delete_namespaced_job(name, ns, propagation_policy="Background")
+    # Leave the GPUs free for the next test: delete the Job and wait for its pods to go.
+    batch.delete_namespaced_job(name, ns, propagation_policy="Foreground")
+    eventually(
+        lambda: not core.list_namespaced_pod(ns, label_selector=f"job-name={name}").items,
+        timeout=60,
+        what="the Job's pods to be deleted",
+    )

@@ -163,6 +163,22 @@ def deployment(name: str, ns: str, *, annotations: dict[str, str] | None = None,
     }
 
 
+def opt_in(cluster: DevCluster, ns: str) -> None:
+    """Opt the namespace in once its workloads run. Ghosts are workloads that bypassed Kueue: with
+    the rendered bundles applied, an opted-in namespace gets a LocalQueue `default` (Kyverno) and
+    Kueue's LocalQueue defaulting routes every workload created after that into Kueue."""
+    cluster.kube.apply(
+        {
+            "apiVersion": "v1",
+            "kind": "Namespace",
+            "metadata": {
+                "name": ns,
+                "labels": {"ghostgpu.io/reclaim": "enabled", "ghostgpu.io/team": "research"},
+            },
+        }
+    )
+
+
 def rows(*procs: tuple[int, str, str]) -> list[ProcessRow]:
     return [ProcessRow(pid=p, stat=s, comm=c) for p, s, c in procs]
 
@@ -202,6 +218,7 @@ class Scenario:
             self.cluster.kube.apply(deployment(name, self.ns, annotations=ann))
         for name in self.FLEET:
             self.pods[name] = wait_for(lambda n=name: self.running_pod(n), 90, f"pod of {name} running")
+        opt_in(self.cluster, self.ns)
         for name, (util, table, _) in self.FLEET.items():
             self.tables.set(self.ns, self.pods[name], table)
             if util is not None:
@@ -250,7 +267,7 @@ def scenario(
     dcgm: FakeDcgmClient,
 ) -> Iterator[Scenario]:
     devcluster.kube.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": LEASE_NS}})
-    ns = make_namespace({"ghostgpu.io/reclaim": "enabled", "ghostgpu.io/team": "research"}, prefix="ghosts")
+    ns = make_namespace({}, prefix="ghosts")  # opted in once the fleet runs (Scenario.create)
     sc = Scenario(devcluster, ns, process_tables, dcgm)
     sc.create()
     yield sc
@@ -429,7 +446,7 @@ def test_pending_job_admitted_once_ghosts_are_gone(
     uid = uuid.uuid4().hex[:6]
     topo, flavor, cq = f"hosts-{uid}", f"tas-h100-{uid}", f"cq-{uid}"
     kube.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": LEASE_NS}})
-    ns = make_namespace({"ghostgpu.io/reclaim": "enabled", "ghostgpu.io/team": "research"}, prefix="queue")
+    ns = make_namespace({}, prefix="queue")  # opted in once the ghosts run
     gpu_toleration = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
     kueue_objs = [
         {"kind": "Topology", "metadata": {"name": topo}, "spec": {"levels": [{"nodeLabel": HOSTNAME}]}},
@@ -459,6 +476,7 @@ def test_pending_job_admitted_once_ghosts_are_gone(
         sc = Scenario(devcluster, ns, process_tables, dcgm)
         for name in ("ghost-a", "ghost-b", "live"):
             sc.pods[name] = wait_for(lambda n=name: sc.running_pod(n), 90, f"{name} running")
+        opt_in(devcluster, ns)
         for name in ("ghost-a", "ghost-b"):
             process_tables.set(ns, sc.pods[name], FINISHED)
             dcgm.set(ns, sc.pods[name], util=0.0)
