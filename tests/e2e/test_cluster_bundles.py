@@ -72,3 +72,38 @@ def test_rendered_kueue_objects_become_active(
                 inactive.append(name)
         time.sleep(0.5)
     assert inactive == []
+
+
+def test_kyverno_rejects_a_policy_with_a_cel_error(devcluster: DevCluster) -> None:
+    """The acceptance above has teeth: Kyverno's policy webhook compiles the CEL of every policy."""
+    from kubernetes.dynamic.exceptions import DynamicApiError
+
+    bad = {
+        "apiVersion": "policies.kyverno.io/v1",
+        "kind": "MutatingPolicy",
+        "metadata": {"name": "ghostgpu-broken-cel"},
+        "spec": {
+            "matchConstraints": {
+                "resourceRules": [
+                    {
+                        "apiGroups": [""],
+                        "apiVersions": ["v1"],
+                        "operations": ["CREATE"],
+                        "resources": ["pods"],
+                    }
+                ]
+            },
+            "mutations": [
+                {
+                    "patchType": "ApplyConfiguration",
+                    "applyConfiguration": {
+                        "expression": "Object{metadata: Object.metadata{labels: {'a': nope}}}"
+                    },
+                }
+            ],
+        },
+    }
+    with pytest.raises(DynamicApiError) as err:
+        devcluster.kube.apply(bad)
+    assert err.value.status == 400
+    assert devcluster.kube.get("policies.kyverno.io/v1", "MutatingPolicy", "ghostgpu-broken-cel") is None
