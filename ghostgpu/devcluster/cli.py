@@ -29,6 +29,9 @@ def up(
     no_kueue: bool = typer.Option(False, "--no-kueue", help="Skip the Kueue manager and CRDs."),
     no_kyverno: bool = typer.Option(False, "--no-kyverno", help="Skip the Kyverno controllers and CRDs."),
     no_prometheus: bool = typer.Option(False, "--no-prometheus", help="Skip Prometheus and fake dcgm."),
+    bundles: bool = typer.Option(
+        False, "--bundles", help="Then server-side apply kueue/ policies/ controller/."
+    ),
 ) -> None:
     """Start the cluster (reuses a running one) and print its kubeconfig path."""
     from ghostgpu.devcluster.cluster import ALL_ADDONS, DevCluster, status_lines
@@ -53,6 +56,15 @@ def up(
         raise typer.Exit(1) from e
     for line in status_lines(cluster.state):
         typer.echo(line)
+    if bundles:
+        from ghostgpu.devcluster.bundles import apply_bundles
+
+        errors = [e for errs in apply_bundles(cluster.kube).values() for e in errs]
+        for e in errors:
+            typer.echo(f"refused: {e}", err=True)
+        if errors:
+            raise typer.Exit(1)
+        typer.echo("applied the rendered bundles: kueue/ policies/ controller/")
     typer.echo(f"ready in {time.monotonic() - t0:.1f}s; export KUBECONFIG={cluster.state.kubeconfig}")
 
 
