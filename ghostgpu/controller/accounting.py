@@ -72,13 +72,20 @@ def _qty(value: Any) -> float:
         return 0.0
 
 
-def node_flavor(node: Mapping[str, Any], flavors: Sequence[FlavorSpec]) -> FlavorSpec | None:
+def node_flavors_of(node: Mapping[str, Any], flavors: Sequence[FlavorSpec]) -> list[FlavorSpec]:
     labels = (node.get("metadata") or {}).get("labels") or {}
     alloc = (node.get("status") or {}).get("allocatable") or {}
-    for f in flavors:
-        if f.resource in alloc and all(labels.get(k) == v for k, v in f.node_labels.items()):
-            return f
-    return None
+    return [
+        f
+        for f in flavors
+        if f.resource in alloc and all(labels.get(k) == v for k, v in f.node_labels.items())
+    ]
+
+
+def node_flavor(node: Mapping[str, Any], flavors: Sequence[FlavorSpec]) -> FlavorSpec | None:
+    """The first matching flavor (labels the ghost-GPU metric)."""
+    matching = node_flavors_of(node, flavors)
+    return matching[0] if matching else None
 
 
 def account(
@@ -91,28 +98,28 @@ def account(
     """`outside_kueue` maps (namespace, pod) of every tracked workload's pod to its verdict
     bucket (ACTIVE, FINISHED_IDLE, ..., or PENDING / EXEMPT for pods not judged)."""
     accounts = {f.name: FlavorAccount(f.name, f.resource) for f in flavors}
-    node_to_flavor: dict[str, FlavorSpec] = {}
+    # A node can back several flavors (a TAS and a plain flavor over the same GPUs): each flavor's
+    # ledger counts it, as each ClusterQueue's books do.
+    node_flavors: dict[str, list[FlavorSpec]] = {}
     for node in nodes:
-        f = node_flavor(node, flavors)
-        if f is None:
-            continue
+        matching = node_flavors_of(node, flavors)
         name = (node.get("metadata") or {}).get("name", "")
-        node_to_flavor[name] = f
-        accounts[f.name].allocatable += _qty(
-            ((node.get("status") or {}).get("allocatable") or {})[f.resource]
-        )
+        node_flavors[name] = matching
+        alloc = (node.get("status") or {}).get("allocatable") or {}
+        for f in matching:
+            accounts[f.name].allocatable += _qty(alloc[f.resource])
     for pod in pods:
-        if not pod.holds_gpus or pod.node_name not in node_to_flavor:
+        if not pod.holds_gpus:
             continue
-        f = node_to_flavor[pod.node_name]
-        count = pod.gpu_requests.get(f.resource, 0.0)
-        if not count:
-            continue
-        acc = accounts[f.name]
-        acc.in_use += count
-        bucket = outside_kueue.get((pod.namespace, pod.name))
-        if bucket is not None:
-            acc.outside_kueue[bucket] = acc.outside_kueue.get(bucket, 0.0) + count
+        for f in node_flavors.get(pod.node_name or "", []):
+            count = pod.gpu_requests.get(f.resource, 0.0)
+            if not count:
+                continue
+            acc = accounts[f.name]
+            acc.in_use += count
+            bucket = outside_kueue.get((pod.namespace, pod.name))
+            if bucket is not None:
+                acc.outside_kueue[bucket] = acc.outside_kueue.get(bucket, 0.0) + count
     for cq in cluster_queues:
         spec, status = cq.get("spec") or {}, cq.get("status") or {}
         for group in spec.get("resourceGroups") or []:

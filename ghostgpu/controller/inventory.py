@@ -9,7 +9,7 @@ workload's selector, so a pod that merely shares a name prefix is never attribut
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal
 
@@ -52,6 +52,8 @@ class PodView:
     gpu_container: str | None  # the container that asked for a GPU (the probe target)
     first_container: str
     status: Mapping[str, Any]
+    # Only the ghostgpu.io/ annotations: where verdicts land when the workload cannot be written.
+    annotations: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def running(self) -> bool:
@@ -156,6 +158,9 @@ def pod_view(obj: Mapping[str, Any], is_gpu: GpuPredicate) -> PodView:
         status={
             "containerStatuses": status.get("containerStatuses") or [],
             "initContainerStatuses": status.get("initContainerStatuses") or [],
+        },
+        annotations={
+            k: v for k, v in (meta.get("annotations") or {}).items() if k.startswith("ghostgpu.io/")
         },
     )
 

@@ -53,6 +53,12 @@ class NotFound(Exception):
     pass
 
 
+class AdmissionDenied(Exception):
+    """An admission webhook refused the write (e.g. Kueue's Deployment webhook, which defaults
+    `kueue.x-k8s.io/queue-name` on UPDATE once the namespace has a LocalQueue `default` and then
+    rejects its own change as immutable: no metadata write to such a Deployment can succeed)."""
+
+
 def status_of(exc: ServerError) -> int:
     return exc.response.status_code if exc.response is not None else 0
 
@@ -228,6 +234,8 @@ class Cluster:
                 raise Conflict(str(ref)) from exc
             if status_of(exc) == 404:
                 raise NotFound(str(ref)) from exc
+            if status_of(exc) in (400, 403, 422) and "admission webhook" in str(exc):
+                raise AdmissionDenied(str(exc)) from exc
             raise
 
     async def annotate_node(self, node: str, annotations: Mapping[str, str]) -> None:

@@ -58,6 +58,12 @@ class ControllerMetrics:
             ["source", "reason"],
             registry=r,
         )
+        self.write_fallbacks = Counter(
+            "ghostgpu_annotation_fallbacks_total",
+            "Verdict annotations written to pods because an admission webhook refused the workload.",
+            ["namespace"],
+            registry=r,
+        )
         self.poll_duration = Histogram(
             "ghostgpu_poll_duration_seconds",
             "Wall time of one reconcile poll (query, probes, verdicts, writes).",

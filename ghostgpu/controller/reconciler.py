@@ -44,7 +44,7 @@ from ghostgpu.controller.inventory import (
     namespace_opted_in,
     pods_by_workload,
 )
-from ghostgpu.controller.kube import Cluster, Conflict, NotFound
+from ghostgpu.controller.kube import AdmissionDenied, Cluster, Conflict, NotFound
 from ghostgpu.controller.metrics import ControllerMetrics
 from ghostgpu.controller.planner import Plan, plan
 from ghostgpu.signals.artifacts import (
@@ -268,7 +268,7 @@ class Reconciler:
             evidence = assemble(st, window=self.cfg.window, processes=processes[ref], faults=faults)
             verdict = decide(evidence, self.policy)
             summary = evidence_summary(evidence, verdict, self.cfg.window)
-            previous = _verdict_of(wl)
+            previous = _verdict_of(_recorded(wl, pods))
             team = snap.namespaces.get(ref.namespace, {}).get(keys.TEAM_LABEL)
             p = plan(wl, verdict, previous, self.cfg, team=team, autonomy=self.autonomy)
             result.judged[ref] = Judged(wl, pods, verdict, summary, p)
@@ -330,16 +330,17 @@ class Reconciler:
         ref = wl.ref
         ns = ref.namespace
         outcome = "none"
-        reasons_changed = _reasons_of(wl) != summary.get("reasons")
+        recorded = _recorded(wl, pods)
+        reasons_changed = _reasons_of(recorded) != summary.get("reasons")
         if p.record or reasons_changed:
             # Annotations follow the reasons (ACTIVE busy -> ACTIVE in a batch gap is worth seeing);
             # the Event only follows the verdict.
-            await self.cluster.patch_annotations(
-                ref, {keys.VERDICT: verdict.kind.value, keys.EVIDENCE: evidence_json(summary)}
+            await self._annotate(
+                wl, pods, {keys.VERDICT: verdict.kind.value, keys.EVIDENCE: evidence_json(summary)}
             )
             outcome = "annotated"
         if p.record:
-            previous = _verdict_of(wl) or "none"
+            previous = _verdict_of(recorded) or "none"
             await self.cluster.event(
                 wl.raw,
                 reason=f"Verdict{_camel(verdict.kind.value)}",
@@ -368,6 +369,20 @@ class Reconciler:
             st.escalated_for = None
         return outcome
 
+    async def _annotate(self, wl: Workload, pods: Sequence[PodView], annotations: Mapping[str, str]) -> None:
+        try:
+            await self.cluster.patch_annotations(wl.ref, annotations)
+        except AdmissionDenied as exc:
+            # The workload cannot be written (Kueue's LocalQueue-default webhook on a pre-existing
+            # Deployment); its pods can, and status/report/failover read them from there.
+            self.metrics.write_fallbacks.labels(wl.ref.namespace).inc()
+            log.warning(
+                "workload not writable, annotating its pods",
+                extra={"workload": str(wl.ref), "error": str(exc)[:300]},
+            )
+            for pod in pods:
+                await self.cluster.patch_annotations(WorkloadRef("Pod", pod.namespace, pod.name), annotations)
+
     async def scale_to_zero(self, wl: Workload, verdict: Verdict) -> str:
         ref = wl.ref
         try:
@@ -394,6 +409,20 @@ class Reconciler:
             )
         except Conflict:
             return "conflict"  # the object changed since we read it: judge again next poll
+        except AdmissionDenied as exc:
+            # No durable record of the replica count -> no scale-to-zero (restore needs it).
+            st = self.states.get(ref)
+            if st is not None and st.escalated_for != verdict.kind:
+                st.escalated_for = verdict.kind
+                self.metrics.escalations.labels(ref.namespace, "scale_to_zero").inc()
+                await self.cluster.event(
+                    fresh,
+                    reason="ReclaimBlocked",
+                    message=f"{verdict.kind.value}: not scaling {ref.short} to 0 because "
+                    f"{keys.RECLAIMED_FROM} cannot be recorded on it: {str(exc)[:300]}",
+                    type_="Warning",
+                )
+            return "blocked-by-webhook"
         await self.cluster.scale(ref, 0)
         self.metrics.reclaims.labels(ref.namespace, verdict.kind.value, "scale-to-zero").inc()
         await self.cluster.event(
@@ -504,17 +533,29 @@ class Reconciler:
                 self.metrics.gpu_hours_recovered.labels(ref.namespace, "all").inc(gpus * hours)
 
 
-def _verdict_of(wl: Workload) -> VerdictKind | None:
-    raw = wl.annotations.get(keys.VERDICT)
+def _recorded(wl: Workload, pods: Sequence[PodView] = ()) -> Mapping[str, str]:
+    """Where the last verdict was written: the workload, or its pods when the workload could not
+    be written (see kube.AdmissionDenied)."""
+    if keys.VERDICT in wl.annotations:
+        return wl.annotations
+    for pod in sorted(pods, key=lambda p: p.name):
+        if keys.VERDICT in pod.annotations:
+            return pod.annotations
+    return wl.annotations
+
+
+def _verdict_of(wl: Workload | Mapping[str, str]) -> VerdictKind | None:
+    annotations = wl.annotations if isinstance(wl, Workload) else wl
+    raw = annotations.get(keys.VERDICT)
     try:
         return VerdictKind(raw) if raw else None
     except ValueError:
         return None
 
 
-def _reasons_of(wl: Workload) -> list[str] | None:
+def _reasons_of(annotations: Mapping[str, str]) -> list[str] | None:
     try:
-        reasons = json.loads(wl.annotations.get(keys.EVIDENCE, "")).get("reasons")
+        reasons = json.loads(annotations.get(keys.EVIDENCE, "")).get("reasons")
     except (ValueError, AttributeError):
         return None
     return reasons if isinstance(reasons, list) else None
@@ -537,8 +578,8 @@ def outside_kueue_buckets(
         elif wl.exempt:
             bucket = "EXEMPT"
         else:
-            bucket = _verdict_of(wl) or "PENDING"
-            bucket = str(bucket.value if isinstance(bucket, VerdictKind) else bucket)
+            kind = _verdict_of(_recorded(wl, pods_of.get(ref, [])))
+            bucket = kind.value if kind else "PENDING"
         for pod in pods_of.get(ref, []):
             out[(pod.namespace, pod.name)] = bucket
     return out

@@ -164,19 +164,13 @@ def deployment(name: str, ns: str, *, annotations: dict[str, str] | None = None,
 
 
 def opt_in(cluster: DevCluster, ns: str) -> None:
-    """Opt the namespace in once its workloads run. Ghosts are workloads that bypassed Kueue: with
-    the rendered bundles applied, an opted-in namespace gets a LocalQueue `default` (Kyverno) and
-    Kueue's LocalQueue defaulting routes every workload created after that into Kueue."""
-    cluster.kube.apply(
-        {
-            "apiVersion": "v1",
-            "kind": "Namespace",
-            "metadata": {
-                "name": ns,
-                "labels": {"ghostgpu.io/reclaim": "enabled", "ghostgpu.io/team": "research"},
-            },
-        }
-    )
+    """Opt the namespace in once its workloads run (ghosts are workloads that bypassed Kueue).
+
+    No `ghostgpu.io/team` label: with the rendered bundles applied, a team label makes Kyverno
+    generate a LocalQueue `default`, after which Kueue's webhook refuses every metadata write to a
+    pre-existing Deployment (test_unwritable_deployment_... covers that case)."""
+    labels = {"ghostgpu.io/reclaim": "enabled"}
+    cluster.kube.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns, "labels": labels}})
 
 
 def rows(*procs: tuple[int, str, str]) -> list[ProcessRow]:
@@ -578,3 +572,65 @@ def test_pending_job_admitted_once_ghosts_are_gone(
                 obj["metadata"]["name"],
                 obj["metadata"].get("namespace"),
             )
+
+
+def test_unwritable_deployment_gets_verdict_on_pods_and_is_not_scaled(
+    devcluster: DevCluster,
+    make_namespace: Callable[..., str],
+    process_tables: ProcessTables,
+    dcgm: FakeDcgmClient,
+    prometheus_url: str,
+    tmp_path: Path,
+) -> None:
+    """A namespace with a LocalQueue `default` (what the rendered Kyverno policy generates for a
+    team): Kueue's Deployment webhook defaults queue-name on UPDATE and then rejects it as immutable,
+    so no metadata write to a pre-existing Deployment succeeds. The controller records verdicts on
+    the pods instead and refuses to scale without a durable replica record (ReclaimBlocked)."""
+    kube = devcluster.kube
+    uid = uuid.uuid4().hex[:6]
+    kube.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": LEASE_NS}})
+    ns = make_namespace({}, prefix="legacy")
+    sc = Scenario(devcluster, ns, process_tables, dcgm)
+    kube.apply(deployment("legacy-ghost", ns))
+    sc.pods["legacy-ghost"] = wait_for(lambda: sc.running_pod("legacy-ghost"), 90, "legacy-ghost running")
+    opt_in(devcluster, ns)
+    selector = {"matchLabels": {"kubernetes.io/metadata.name": ns}}
+    kube.apply(
+        {
+            "apiVersion": "kueue.x-k8s.io/v1beta2",
+            "kind": "ClusterQueue",
+            "metadata": {"name": f"cq-{uid}"},
+            "spec": {"namespaceSelector": selector, "resourceGroups": []},
+        }
+    )
+    kube.apply(
+        {
+            "apiVersion": "kueue.x-k8s.io/v1beta2",
+            "kind": "LocalQueue",
+            "metadata": {"name": "default", "namespace": ns},
+            "spec": {"clusterQueue": f"cq-{uid}"},
+        }
+    )
+    process_tables.set(ns, sc.pods["legacy-ghost"], FINISHED)
+    dcgm.set(ns, sc.pods["legacy-ghost"], util=0.0)
+    controller = Controller(
+        devcluster.kubeconfig, controller_config(tmp_path, prometheus_url, "enforce"), tmp_path, "enforce"
+    )
+    try:
+        controller.wait_polls(WINDOW + 2)
+
+        def pod_verdict() -> str | None:
+            pod = sc.core.read_namespaced_pod(sc.pods["legacy-ghost"], ns)
+            return (pod.metadata.annotations or {}).get("ghostgpu.io/verdict")
+
+        wait_for(lambda: pod_verdict() == "FINISHED_IDLE", 60, "verdict on the pod")
+        wait_for(lambda: sc.events("legacy-ghost", "ReclaimBlocked") == 1, 30, "ReclaimBlocked Event")
+        controller.wait_polls(2)
+        assert sc.replicas("legacy-ghost") == 1, "never scaled without recording reclaimed-from-replicas"
+        assert "ghostgpu.io/verdict" not in sc.annotations("legacy-ghost")
+        assert sc.events("legacy-ghost", "ReclaimBlocked") == 1
+        assert controller.metric("ghostgpu_annotation_fallbacks_total") >= 1
+    finally:
+        controller.stop()
+        kube.delete("kueue.x-k8s.io/v1beta2", "LocalQueue", "default", ns)
+        kube.delete("kueue.x-k8s.io/v1beta2", "ClusterQueue", f"cq-{uid}")

@@ -20,7 +20,7 @@ import pytest
 from ghostgpu.config import ControllerConfig
 from ghostgpu.controller.decisions import DecisionLog, parse_lines, summarize
 from ghostgpu.controller.inventory import WorkloadRef, gpu_predicate, pod_view, workload_from
-from ghostgpu.controller.kube import Conflict
+from ghostgpu.controller.kube import AdmissionDenied, Conflict
 from ghostgpu.controller.metrics import ControllerMetrics
 from ghostgpu.controller.reconciler import Reconciler, Snapshot
 from ghostgpu.signals.artifacts import FileArtifactProbe, Measurement
@@ -88,6 +88,9 @@ class FakeCluster:
         self.evicted: list[str] = []
         self.events: list[tuple[str, str]] = []
         self.conflict_on: set[str] = set()
+        self.deny: set[str] = set()
+        self.pods: list[dict] = []
+        self.pod_annotations: dict[str, dict[str, str]] = {}
         self.nodes_annotated: list[str] = []
 
     async def get(self, ref: WorkloadRef) -> dict:
@@ -96,6 +99,14 @@ class FakeCluster:
     async def patch_annotations(
         self, ref: WorkloadRef, ann: Mapping[str, str | None], *, resource_version=None
     ):
+        if ref.kind == "Pod":
+            self.pod_annotations.setdefault(ref.name, {}).update(ann)  # type: ignore[arg-type]
+            for pod in self.pods:  # what the pod watch would deliver
+                if pod["metadata"]["name"] == ref.name:
+                    pod["metadata"].setdefault("annotations", {}).update(ann)
+            return {}
+        if ref.name in self.deny:
+            raise AdmissionDenied('admission webhook "vdeployment.kb.io" denied the request')
         if resource_version and ref.name in self.conflict_on:
             raise Conflict(str(ref))
         self.patches.append((ref, dict(ann), resource_version))
@@ -163,6 +174,7 @@ class Harness:
         self.pods: list[dict] = []
         self.namespaces = {NS: {"ghostgpu.io/reclaim": "enabled", "ghostgpu.io/team": "research"}}
         self.cluster = FakeCluster(self.objects)
+        self.cluster.pods = self.pods
         self.util = ScriptedUtilization()
         self.exec = ScriptedExec()
         self.leader = True
@@ -411,3 +423,23 @@ async def test_per_verdict_switch_disables_reclaim(tmp_path: Path) -> None:
     h.add("crashed", table=ZOMBIE)
     await h.polls(4)
     assert [r.name for r, _ in h.cluster.scaled] == ["crashed"]
+
+
+async def test_unwritable_workload_records_on_pods_and_is_not_scaled(tmp_path: Path) -> None:
+    """Kueue's webhook refuses any metadata write to a pre-existing Deployment once the namespace
+    has a LocalQueue `default`: verdicts go to the pods, and no scale-to-zero happens without the
+    replica count recorded (restore would be impossible)."""
+    h = Harness(tmp_path, mode="enforce")
+    h.add("legacy", table=FINISHED)
+    h.cluster.deny.add("legacy")
+    await h.polls(5)
+    pod = "legacy-abc12-xyz"
+    assert h.cluster.pod_annotations[pod]["ghostgpu.io/verdict"] == "FINISHED_IDLE"
+    assert h.cluster.scaled == []
+    assert sum(1 for n, r in h.cluster.events if r == "ReclaimBlocked") == 1
+    # the verdict read back from the pods: one Event per change, not one per poll
+    assert [r for n, r in h.cluster.events if r.startswith("Verdict")] == [
+        "VerdictUnknown",
+        "VerdictFinishedIdle",
+    ]
+    assert h.metrics.write_fallbacks.labels(NS)._value.get() >= 2
