@@ -108,18 +108,13 @@ def status(
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title="GPU accounting gap (ghostgpu status)")
-    for col in (
-        "flavor",
-        "allocatable",
-        "Kueue admitted",
-        "outside Kueue",
-        "by verdict",
-        "truly free",
-        "Kueue believes free",
-        "gap",
-    ):
-        table.add_column(col, justify="left" if col in ("flavor", "by verdict") else "right")
+    table = Table(
+        title="GPU accounting gap (ghostgpu status)",
+        caption="alloc: node allocatable · admitted: Kueue flavorsUsage · outside: held by tracked "
+        "workloads outside Kueue · free: truly free · Kueue free: nominal quota - admitted",
+    )
+    for col in ("flavor", "alloc", "admitted", "outside", "by verdict", "free", "Kueue free", "gap"):
+        table.add_column(col, justify="left" if col in ("flavor", "by verdict") else "right", no_wrap=True)
     for a in accounts:
         by = ", ".join(f"{k} {v:g}" for k, v in sorted(a.outside_kueue.items())) or "-"
         table.add_row(

@@ -124,3 +124,15 @@ async def test_health_server_routes() -> None:
     finally:
         await server.stop()
     await asyncio.sleep(0)
+
+
+def test_config_whole_file_or_controller_section(tmp_path: Path) -> None:
+    from ghostgpu.controller.app import load_any_config
+    from ghostgpu.resources import example_config_path
+
+    whole = load_any_config(example_config_path())
+    assert whole.flavors and {f.name for f in whole.flavors} == {"h100", "mig-1g-10gb"}
+    section = tmp_path / "ghostgpu-controller.yaml"
+    section.write_text("mode: enforce\npollInterval: 30s\nwindow: 4\nlongWindow: 8\n")
+    only = load_any_config(section)
+    assert only.flavors is None and only.controller.mode == "enforce" and only.controller.window == 4
