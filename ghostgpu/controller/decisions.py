@@ -59,12 +59,21 @@ class Decision(BaseModel):
 
 
 class DecisionLog:
-    """Append-only JSONL writer (one write + flush per line: a crash loses at most one line)."""
+    """Append-only JSONL writer (one write + fsync per poll: a crash loses at most that poll).
 
-    def __init__(self, path: str | Path | None) -> None:
+    Bounded: past `max_bytes` the file is rotated to `<path>.1` (one generation kept), so a
+    1,000-workload fleet polled every minute (~200 MB/day) never fills the volume.
+    """
+
+    def __init__(self, path: str | Path | None, *, max_bytes: int = 64 << 20) -> None:
         self.path = Path(path) if path else None
+        self.max_bytes = max_bytes
         if self.path:
             self.path.parent.mkdir(parents=True, exist_ok=True)
+
+    @property
+    def rotated(self) -> Path | None:
+        return self.path.with_name(self.path.name + ".1") if self.path else None
 
     def append(self, decisions: Iterable[Decision]) -> None:
         if not self.path:
@@ -72,15 +81,20 @@ class DecisionLog:
         text = "".join(d.line() + "\n" for d in decisions)
         if not text:
             return
+        if self.path.exists() and self.path.stat().st_size + len(text) > self.max_bytes:
+            assert self.rotated is not None
+            os.replace(self.path, self.rotated)
         with self.path.open("a", encoding="utf-8") as f:
             f.write(text)
             f.flush()
             os.fsync(f.fileno())
 
     def read_bytes(self) -> bytes:
-        if not self.path or not self.path.exists():
+        """The rotated generation (older) followed by the current file."""
+        if not self.path:
             return b""
-        return self.path.read_bytes()
+        parts = [p.read_bytes() for p in (self.rotated, self.path) if p is not None and p.exists()]
+        return b"".join(parts)
 
 
 def parse_lines(lines: Iterable[str]) -> Iterator[Decision]:

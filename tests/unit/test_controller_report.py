@@ -136,3 +136,12 @@ def test_config_whole_file_or_controller_section(tmp_path: Path) -> None:
     section.write_text("mode: enforce\npollInterval: 30s\nwindow: 4\nlongWindow: 8\n")
     only = load_any_config(section)
     assert only.flavors is None and only.controller.mode == "enforce" and only.controller.window == 4
+
+
+def test_decision_log_rotates_and_reads_both_generations(tmp_path: Path) -> None:
+    log = DecisionLog(tmp_path / "d.jsonl", max_bytes=600)
+    for poll in range(1, 11):
+        log.append([d(poll, "ns/w", "ACTIVE")])
+    assert (tmp_path / "d.jsonl.1").exists() and (tmp_path / "d.jsonl").stat().st_size <= 600
+    polls = [x.poll for x in parse_lines(log.read_bytes().decode().splitlines())]
+    assert polls == sorted(polls) and polls[-1] == 10 and len(polls) < 10  # oldest generation dropped
