@@ -230,11 +230,16 @@ class _WebhookHandler(BaseHTTPRequestHandler):
         self.wfile.write(data.encode())
 
 
+class _QuietTLSServer(ThreadingHTTPServer):
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        pass  # the apiserver drops webhook connections when its caller is gone: not news
+
+
 class ScaleWebhook:
     def __init__(self, cert: Path, key: Path, ca_pem: bytes, *, port: int, namespace: str) -> None:
         self.state = WebhookState()
         handler = type("Handler", (_WebhookHandler,), {"state": self.state})
-        self.server = ThreadingHTTPServer(("127.0.0.1", port), handler)
+        self.server = _QuietTLSServer(("127.0.0.1", port), handler)
         self.server.daemon_threads = True
         ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         ctx.load_cert_chain(str(cert), str(key))

@@ -671,10 +671,13 @@ def test_leader_killed_mid_scale_acts_once_and_loses_nothing(
             else:
                 assert dep.spec.replicas == truth.replicas, name
                 assert "ghostgpu.io/reclaimed-from-replicas" not in ann, name
-        allowed = scale_webhook.state.allowed_by_name()
-        assert allowed == dict.fromkeys(ghosts, 1), (
-            f"each ghost scaled exactly once: {scale_webhook.state.seen}"
-        )
+        # Exactly one reclaim per ghost, counted by the controllers' own "Reclaimed" Events (the
+        # webhook may see one PATCH more than once: the apiserver re-runs admission when it
+        # retries a storage conflict, so its "allowed" count is not a count of actions).
+        for name in ghosts:
+            events = core.list_namespaced_event(ns, field_selector=f"involvedObject.name={name}").items
+            reclaimed = [e for e in events if e.reason == "Reclaimed"]
+            assert len(reclaimed) == 1, f"{name} reclaimed {len(reclaimed)} times: {scale_webhook.state.seen}"
         assert scale_webhook.state.count("held") == 1
         assert not (scale_webhook.state.names() & {n for n, t in fleet.items() if not t.reclaimable})
         assert procs[other].poll() is None, "the surviving replica keeps running"
