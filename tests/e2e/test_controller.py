@@ -136,11 +136,13 @@ def wait_for(cond: Callable[[], Any], timeout: float, what: str) -> Any:
     raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
 
 
-def deployment(name: str, ns: str, *, annotations: dict[str, str] | None = None, gpus: int = 1) -> dict:
+def deployment(
+    name: str, ns: str, *, annotations: dict[str, str] | None = None, gpus: int = 1, kind: str = "Deployment"
+) -> dict:
     labels = {"app": name, "ghostgpu.io/tracked": "true"}
     return {
         "apiVersion": "apps/v1",
-        "kind": "Deployment",
+        "kind": kind,
         "metadata": {"name": name, "namespace": ns, "labels": labels, "annotations": annotations or {}},
         "spec": {
             "replicas": 1,
@@ -188,6 +190,7 @@ class Scenario:
     """The issue's fleet in one opted-in namespace."""
 
     # name -> (util or None for "no series", process table, expected verdict)
+    STATEFUL: ClassVar[frozenset[str]] = frozenset({"zombie"})  # a StatefulSet; the rest are Deployments
     FLEET: ClassVar[dict[str, tuple[float | None, list[ProcessRow], str]]] = {
         "active-train": (87.0, LIVE, "ACTIVE"),
         "active-serve": (35.0, LIVE, "ACTIVE"),
@@ -209,7 +212,8 @@ class Scenario:
     def create(self) -> None:
         for name in self.FLEET:
             ann = {"ghostgpu.io/reclaim-policy": "never"} if name == "exempt" else {}
-            self.cluster.kube.apply(deployment(name, self.ns, annotations=ann))
+            kind = "StatefulSet" if name in self.STATEFUL else "Deployment"
+            self.cluster.kube.apply(deployment(name, self.ns, annotations=ann, kind=kind))
         for name in self.FLEET:
             self.pods[name] = wait_for(lambda n=name: self.running_pod(n), 90, f"pod of {name} running")
         opt_in(self.cluster, self.ns)
@@ -226,21 +230,28 @@ class Scenario:
         return running[0] if len(running) == 1 else None
 
     def annotations(self, name: str) -> dict[str, str]:
-        return self.apps.read_namespaced_deployment(name, self.ns).metadata.annotations or {}
+        return self.read(name).metadata.annotations or {}
 
     def verdict(self, name: str) -> str | None:
         return self.annotations(name).get("ghostgpu.io/verdict")
 
     def replicas(self, name: str) -> int:
-        return int(self.apps.read_namespaced_deployment(name, self.ns).spec.replicas)
+        return int(self.read(name).spec.replicas)
+
+    def read(self, name: str) -> Any:
+        if name in self.STATEFUL:
+            return self.apps.read_namespaced_stateful_set(name, self.ns)
+        return self.apps.read_namespaced_deployment(name, self.ns)
+
+    def kind(self, name: str) -> str:
+        return "StatefulSet" if name in self.STATEFUL else "Deployment"
 
     def verdict_events(self, name: str) -> list[str]:
         evs = self.core.list_namespaced_event(self.ns, field_selector=f"involvedObject.name={name}").items
         evs.sort(key=lambda e: (e.first_timestamp or e.event_time or 0, e.metadata.creation_timestamp))
         # kind must be set, or `kubectl describe deployment` would not show the Event
-        return [
-            e.reason for e in evs if e.reason.startswith("Verdict") and e.involved_object.kind == "Deployment"
-        ]
+        kind = self.kind(name)
+        return [e.reason for e in evs if e.reason.startswith("Verdict") and e.involved_object.kind == kind]
 
     def events(self, name: str, reason: str) -> int:
         evs = self.core.list_namespaced_event(self.ns, field_selector=f"involvedObject.name={name}").items
@@ -349,7 +360,7 @@ def test_shadow_then_enforce_then_restore(
     # Restore brings them back.
     for name in ("finished-a", "zombie"):
         out = subprocess.run(
-            [sys.executable, "-m", "ghostgpu.cli", "restore", f"deployment/{name}", "-n", sc.ns,
+            [sys.executable, "-m", "ghostgpu.cli", "restore", f"{sc.kind(name).lower()}/{name}", "-n", sc.ns,
              "--kubeconfig", str(devcluster.kubeconfig)],
             capture_output=True, text=True, check=True, cwd=REPO,
         )  # fmt: skip
