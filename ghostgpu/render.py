@@ -248,6 +248,10 @@ def _flavor_spec(flavor: c.Flavor) -> dict[str, Any]:
     return spec
 
 
+# Kyverno's release namespace: its own pods must never be gated by Kueue.
+KYVERNO_NAMESPACE = "kyverno"
+
+
 def _kueue_manager_config(cfg: c.GhostgpuConfig) -> dict[str, Any]:
     k = cfg.kueue
     conf: dict[str, Any] = {
@@ -272,8 +276,23 @@ def _kueue_manager_config(cfg: c.GhostgpuConfig) -> dict[str, Any]:
         },
         "clientConnection": {"qps": 50, "burst": 100},
         "manageJobsWithoutQueueName": False,
-        # Pod-based integrations act only in opted-in namespaces (DESIGN §3).
-        "managedJobsNamespaceSelector": {"matchLabels": {c.OPT_IN_LABEL: c.OPT_IN_VALUE}},
+        # Kueue's own default (every namespace but the system ones), not the opt-in label: Kueue
+        # >= 0.15 skips Jobs outside this selector while its webhook still suspends any Job that
+        # names a queue, so a narrower selector strands queue-named Jobs (the static namespaces
+        # among them) suspended forever. Pod-based routing stays opt-in all the same: Kueue
+        # defaults a workload into its namespace's `default` LocalQueue, and only opted-in
+        # namespaces get one (policies/generate-namespace-objects.yaml).
+        "managedJobsNamespaceSelector": {
+            "matchExpressions": [
+                {
+                    "key": "kubernetes.io/metadata.name",
+                    "operator": "NotIn",
+                    "values": sorted(
+                        {"kube-system", k.namespace, KYVERNO_NAMESPACE, cfg.controller.namespace}
+                    ),
+                }
+            ]
+        },
     }
     w = k.wait_for_pods_ready
     if w.enabled:

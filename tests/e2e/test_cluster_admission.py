@@ -212,16 +212,6 @@ def test_gpu_job_naming_a_localqueue_is_admitted_and_runs_on_a_kwok_gpu_node(dev
     )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "Known bug of the rendered kueue-manager-config: managedJobsNamespaceSelector is the opt-in "
-        "label, and Kueue >= 0.15 (ManagedJobsNamespaceSelectorAlwaysRespected) then ignores queue-named "
-        "Jobs in other namespaces while its webhook still suspends them (jobframework."
-        "WorkloadShouldBeSuspended): they stay suspended forever, also in the static namespaces of "
-        "kueue/local-queues.yaml. Strict: this fails once the render is fixed; then drop the marker."
-    ),
-)
 def test_queue_named_job_in_a_namespace_that_did_not_opt_in_is_admitted(
     devcluster: DevCluster, make_namespace: Callable[..., str]
 ) -> None:

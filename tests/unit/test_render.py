@@ -320,7 +320,16 @@ def test_kueue_manager_configuration(default_files: dict[str, str]) -> None:
     assert conf["apiVersion"] == "config.kueue.x-k8s.io/v1beta2"
     assert conf["kind"] == "Configuration"
     assert {"pod", "deployment", "statefulset"} <= set(conf["integrations"]["frameworks"])
-    assert conf["managedJobsNamespaceSelector"] == {"matchLabels": {"ghostgpu.io/reclaim": "enabled"}}
+    # Every namespace but the system ones: a narrower selector strands queue-named Jobs suspended.
+    assert conf["managedJobsNamespaceSelector"] == {
+        "matchExpressions": [
+            {
+                "key": "kubernetes.io/metadata.name",
+                "operator": "NotIn",
+                "values": ["ghostgpu-system", "kube-system", "kueue-system", "kyverno"],
+            }
+        ]
+    }
     assert conf["waitForPodsReady"]["timeout"] == "10m"
     assert conf["fairSharing"]["preemptionStrategies"]
     classical = render_bundles(
