@@ -62,6 +62,9 @@ def controller_config(tmp: Path, prometheus_url: str, mode: str) -> Path:
         startupGrace="1s",
         staleAfter="30s",
         prometheus={"url": prometheus_url, "timeout": "5s"},
+        # The default tau (0.25) escalates evicting a bare pod (base risk 0.5: it is not recreated);
+        # 0.4 lets this test exercise the Eviction API and the PodDisruptionBudget path.
+        autonomy={"tau": 0.4},
     )
     path = tmp / f"ghostgpu-{mode}.yaml"
     path.write_text(yaml.safe_dump(cfg))
@@ -186,11 +189,19 @@ ZOMBIE = rows((1, "Ss", "sh"), (12, "Z", "python"))  # the trainer died, its par
 NOTEBOOK = rows((1, "Ss", "tini"), (8, "Sl", "jupyter-lab"), (31, "Sl", "python"))
 
 
+# Reclaimable verdicts, and what enforce mode reclaims (the PDB keeps guarded-pod).
+RECLAIMABLE = {"finished-a", "finished-b", "zombie", "finished-pod", "guarded-pod"}
+RECLAIMED = RECLAIMABLE - {"guarded-pod"}
+
+
 class Scenario:
     """The issue's fleet in one opted-in namespace."""
 
     # name -> (util or None for "no series", process table, expected verdict)
-    STATEFUL: ClassVar[frozenset[str]] = frozenset({"zombie"})  # a StatefulSet; the rest are Deployments
+    STATEFUL: ClassVar[frozenset[str]] = frozenset({"zombie"})  # a StatefulSet
+    BARE: ClassVar[frozenset[str]] = frozenset(
+        {"finished-pod", "guarded-pod"}
+    )  # bare Pods; the rest Deployments
     FLEET: ClassVar[dict[str, tuple[float | None, list[ProcessRow], str]]] = {
         "active-train": (87.0, LIVE, "ACTIVE"),
         "active-serve": (35.0, LIVE, "ACTIVE"),
@@ -201,6 +212,8 @@ class Scenario:
         "exempt": (0.0, FINISHED, "EXEMPT"),
         "held-notebook": (0.0, NOTEBOOK, "IDLE_HELD"),
         "no-series": (None, FINISHED, "UNKNOWN"),
+        "finished-pod": (0.0, FINISHED, "FINISHED_IDLE"),  # evicted in enforce mode
+        "guarded-pod": (0.0, FINISHED, "FINISHED_IDLE"),  # a PodDisruptionBudget forbids its eviction
     }
 
     def __init__(self, cluster: DevCluster, ns: str, tables: ProcessTables, dcgm: FakeDcgmClient) -> None:
@@ -212,8 +225,20 @@ class Scenario:
     def create(self) -> None:
         for name in self.FLEET:
             ann = {"ghostgpu.io/reclaim-policy": "never"} if name == "exempt" else {}
-            kind = "StatefulSet" if name in self.STATEFUL else "Deployment"
-            self.cluster.kube.apply(deployment(name, self.ns, annotations=ann, kind=kind))
+            workload = deployment(name, self.ns, annotations=ann, kind=self.kind(name))
+            if name in self.BARE:
+                template = workload["spec"]["template"]
+                meta = {**workload["metadata"], **template["metadata"]}
+                workload = {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": template["spec"]}
+            self.cluster.kube.apply(workload)
+        self.cluster.kube.apply(
+            {
+                "apiVersion": "policy/v1",
+                "kind": "PodDisruptionBudget",
+                "metadata": {"name": "guarded", "namespace": self.ns},
+                "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "guarded-pod"}}},
+            }
+        )
         for name in self.FLEET:
             self.pods[name] = wait_for(lambda n=name: self.running_pod(n), 90, f"pod of {name} running")
         opt_in(self.cluster, self.ns)
@@ -236,15 +261,24 @@ class Scenario:
         return self.annotations(name).get("ghostgpu.io/verdict")
 
     def replicas(self, name: str) -> int:
+        if name in self.BARE:  # 1 while the pod exists and is not being deleted
+            try:
+                return 0 if self.read(name).metadata.deletion_timestamp else 1
+            except client.ApiException as exc:
+                if exc.status == 404:
+                    return 0
+                raise
         return int(self.read(name).spec.replicas)
 
     def read(self, name: str) -> Any:
+        if name in self.BARE:
+            return self.core.read_namespaced_pod(name, self.ns)
         if name in self.STATEFUL:
             return self.apps.read_namespaced_stateful_set(name, self.ns)
         return self.apps.read_namespaced_deployment(name, self.ns)
 
     def kind(self, name: str) -> str:
-        return "StatefulSet" if name in self.STATEFUL else "Deployment"
+        return "Pod" if name in self.BARE else "StatefulSet" if name in self.STATEFUL else "Deployment"
 
     def verdict_events(self, name: str) -> list[str]:
         evs = self.core.list_namespaced_event(self.ns, field_selector=f"involvedObject.name={name}").items
@@ -317,11 +351,11 @@ def test_shadow_then_enforce_then_restore(
             seq = sc.verdict_events(name)
             assert seq and seq[-1] == _camel(verdict), (name, seq)
             assert all(a != b for a, b in itertools.pairwise(seq)), (name, seq)
-        for name in ("finished-a", "finished-b", "zombie"):
+        for name in RECLAIMABLE:
             assert sc.events(name, "WouldReclaim") == 1
-        assert shadow.metric("ghostgpu_would_reclaims_total") == 3
+        assert shadow.metric("ghostgpu_would_reclaims_total") == len(RECLAIMABLE)
         assert shadow.metric("ghostgpu_reclaims_total") == 0
-        assert shadow.metric("ghostgpu_ghost_gpus", verdict="FINISHED_IDLE") == 2
+        assert shadow.metric("ghostgpu_ghost_gpus", verdict="FINISHED_IDLE") == 4
         assert shadow.metric("ghostgpu_poll_duration_seconds_count") >= LONG_WINDOW
         assert httpx.get(f"http://127.0.0.1:{shadow.port}/healthz").status_code == 200
         assert httpx.get(f"http://127.0.0.1:{shadow.port}/readyz").status_code == 200
@@ -335,7 +369,7 @@ def test_shadow_then_enforce_then_restore(
     )  # fmt: skip
     rep = json.loads(report.stdout)
     assert rep["gpuHoursWouldReclaim"] > 0
-    assert {w.split("/")[-1] for w in rep["wouldReclaim"]} == {"finished-a", "finished-b", "zombie"}
+    assert {w.split("/")[-1] for w in rep["wouldReclaim"]} == RECLAIMABLE
     no_series = [m for m in rep["misses"] if m["workload"].endswith("/no-series")]
     assert no_series and no_series[-1]["outcome"] == "persisted"
 
@@ -346,14 +380,16 @@ def test_shadow_then_enforce_then_restore(
     )
     try:
         enforce.wait_polls(WINDOW)
-        reclaimed = {"finished-a", "finished-b", "zombie"}
-        wait_for(lambda: all(sc.replicas(n) == 0 for n in reclaimed), 60, "ghosts scaled to 0")
+        reclaimed = RECLAIMED
+        wait_for(lambda: all(sc.replicas(n) == 0 for n in reclaimed), 60, "ghosts scaled to 0 / evicted")
+        wait_for(lambda: sc.events("guarded-pod", "EvictionBlocked") >= 1, 30, "the PDB blocks an eviction")
         enforce.wait_polls(3)  # more polls: nothing else is touched, nothing is acted on twice
         assert {n: sc.replicas(n) for n in sc.FLEET} == {n: (0 if n in reclaimed else 1) for n in sc.FLEET}
-        for name in reclaimed:
+        for name in reclaimed - sc.BARE:
             assert sc.annotations(name)["ghostgpu.io/reclaimed-from-replicas"] == "1"
+        for name in reclaimed:
             assert sc.events(name, "Reclaimed") == 1
-        assert enforce.metric("ghostgpu_reclaims_total") == 3
+        assert enforce.metric("ghostgpu_reclaims_total") == len(reclaimed)
     finally:
         enforce.stop()
 
@@ -396,7 +432,7 @@ def test_leader_killed_mid_window(
         )
         takeover = time.monotonic() - killed_at
         assert takeover < 12
-        reclaimed = {"finished-a", "finished-b", "zombie"}
+        reclaimed = RECLAIMED
         wait_for(lambda: all(sc.replicas(n) == 0 for n in reclaimed), 60, "ghosts scaled to 0 by replica-b")
         b.wait_polls(3)
         assert {n: sc.replicas(n) for n in sc.FLEET} == {n: (0 if n in reclaimed else 1) for n in sc.FLEET}
