@@ -52,6 +52,7 @@ class WorkloadState:
     last_reasons: tuple[str, ...] = ()
     verdict_since: datetime | None = None
     escalated_for: VerdictKind | None = None  # escalate once per verdict, not every poll
+    blocked_for: VerdictKind | None = None  # announce a PDB-blocked eviction once per verdict
     pod_uids: frozenset[str] = field(default_factory=frozenset)
 
     @classmethod

@@ -366,7 +366,7 @@ class Reconciler:
             st.escalated_for = verdict.kind
             outcome = await self._escalate(wl, verdict, p)
         if verdict.kind not in RECLAIMABLE_KINDS:
-            st.escalated_for = None
+            st.escalated_for = st.blocked_for = None
         return outcome
 
     async def _annotate(self, wl: Workload, pods: Sequence[PodView], annotations: Mapping[str, str]) -> None:
@@ -460,7 +460,7 @@ class Reconciler:
                 message=f"evicted {ref.short} ({verdict.kind.value})",
                 type_="Warning",
             )
-        elif outcome == "blocked":
+        elif outcome == "blocked" and self._first_block(ref, verdict):
             await self.cluster.event(
                 fresh,
                 reason="EvictionBlocked",
@@ -468,6 +468,14 @@ class Reconciler:
                 type_="Warning",
             )
         return f"evict-{outcome}"
+
+    def _first_block(self, ref: WorkloadRef, verdict: Verdict) -> bool:
+        """True once per verdict: a blocked eviction is retried every poll but announced once."""
+        st = self.states.get(ref)
+        if st is None or st.blocked_for == verdict.kind:
+            return False
+        st.blocked_for = verdict.kind
+        return True
 
     async def _escalate(self, wl: Workload, verdict: Verdict, p: Plan) -> str:
         from ghostgpu.escalation import annotation_value

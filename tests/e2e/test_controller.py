@@ -389,6 +389,7 @@ def test_shadow_then_enforce_then_restore(
             assert sc.annotations(name)["ghostgpu.io/reclaimed-from-replicas"] == "1"
         for name in reclaimed:
             assert sc.events(name, "Reclaimed") == 1
+        assert sc.events("guarded-pod", "EvictionBlocked") == 1, "retried every poll, announced once"
         assert enforce.metric("ghostgpu_reclaims_total") == len(reclaimed)
     finally:
         enforce.stop()

@@ -89,6 +89,7 @@ class FakeCluster:
         self.events: list[tuple[str, str]] = []
         self.conflict_on: set[str] = set()
         self.deny: set[str] = set()
+        self.pdb_protected: set[str] = set()
         self.pods: list[dict] = []
         self.pod_annotations: dict[str, dict[str, str]] = {}
         self.nodes_annotated: list[str] = []
@@ -127,7 +128,7 @@ class FakeCluster:
 
     async def evict(self, namespace: str, pod: str) -> str:
         self.evicted.append(pod)
-        return "evicted"
+        return "blocked" if pod in self.pdb_protected else "evicted"
 
     async def event(
         self, involved: Mapping[str, Any], *, reason: str, message: str, type_: str = "Normal"
@@ -443,3 +444,38 @@ async def test_unwritable_workload_records_on_pods_and_is_not_scaled(tmp_path: P
         "VerdictFinishedIdle",
     ]
     assert h.metrics.write_fallbacks.labels(NS)._value.get() >= 2
+
+
+async def test_bare_pod_eviction_and_pdb_block(tmp_path: Path) -> None:
+    h = Harness(tmp_path, mode="enforce", autonomy={"tau": 0.4})
+    for name in ("lonely", "guarded"):
+        obj = pod_for(name)
+        del obj["metadata"]["ownerReferences"]
+        obj["metadata"]["name"] = name
+        obj["metadata"]["labels"] = {"ghostgpu.io/tracked": "true", "app": name}
+        obj["metadata"]["annotations"] = {}
+        obj["metadata"]["resourceVersion"] = "7"
+        h.objects[WorkloadRef("Pod", NS, name)] = obj
+        h.exec.tables[name] = FINISHED
+        h.util.values[name] = 0.0
+    h.cluster.pdb_protected.add("guarded")
+
+    def snapshot() -> Snapshot:
+        workloads = {}
+        pods = []
+        for ref, obj in h.objects.items():
+            wl = workload_from("Pod", obj, IS_GPU)
+            workloads[ref] = wl
+            if ref.name not in h.cluster.evicted or ref.name in h.cluster.pdb_protected:
+                pods.append(pod_view(obj, IS_GPU))
+        return Snapshot(h.namespaces, workloads, pods, [])
+
+    for _ in range(6):
+        await h.rec.poll_once(snapshot())
+        h.clock += 60
+    assert h.cluster.evicted.count("lonely") == 1
+    assert h.cluster.evicted.count("guarded") >= 2, "a blocked eviction is retried every poll"
+    assert [r for n, r in h.cluster.events if n == "guarded" and r == "EvictionBlocked"] == [
+        "EvictionBlocked"
+    ]
+    assert h.cluster.scaled == [], "a bare pod is never scaled or deleted, only evicted"
