@@ -33,6 +33,7 @@ class Recorder:
         self.cpu0 = cpu_seconds()
         self._gc0: tuple[float, int] = (0.0, 0)
 
+    gc_freeze = False  # EXPERIMENT, not the controller as shipped: gc.freeze() after sync/polls
     profile_from: int | None = None  # cProfile polls from this one on (`--profile`)
     profiler: Any = None
     gc_s = 0.0  # CPU time inside the cyclic garbage collector (gc.callbacks), process lifetime
@@ -85,6 +86,10 @@ class Recorder:
         }
         if self.profiler is not None:
             self.profiler.disable()
+        if self.gc_freeze:
+            import gc
+
+            gc.freeze()  # what survived this poll (caches, rings) is never traversed again
         with self.out.open("a", encoding="utf-8") as f:
             f.write(json.dumps(row, sort_keys=True) + "\n")
 
@@ -114,6 +119,11 @@ def install(recorder: Recorder) -> None:
     async def wait_synced(self: Any) -> None:
         await original_synced(self)
         recorder.synced()
+        if recorder.gc_freeze:
+            import gc
+
+            gc.collect()
+            gc.freeze()
 
     def snapshot(self: Any, flavors: Any) -> Any:
         recorder.begin()
@@ -148,6 +158,11 @@ def main() -> None:
     ap.add_argument("--decision-log", default="")
     ap.add_argument("--profile", type=Path, default=None, help="cProfile polls >= --profile-from")
     ap.add_argument("--profile-from", type=int, default=0)
+    ap.add_argument(
+        "--experiment-gc-freeze",
+        action="store_true",
+        help="what-if, not the shipped controller: freeze the GC's generations after sync and each poll",
+    )
     args = ap.parse_args()
 
     import logging
@@ -160,6 +175,7 @@ def main() -> None:
     counter = RequestCounter(prometheus_port=args.prom_port)
     counter.install()
     recorder = Recorder(args.out, counter)
+    recorder.gc_freeze = args.experiment_gc_freeze
     import gc
 
     gc.callbacks.append(recorder.on_gc)
