@@ -168,9 +168,7 @@ def main() -> None:
     import logging
 
     from ghostgpu.controller.app import load_any_config
-    from ghostgpu.scale import compat
 
-    compat.install()
     logging.basicConfig(level=logging.WARNING)
     counter = RequestCounter(prometheus_port=args.prom_port)
     counter.install()

@@ -51,7 +51,6 @@ from ghostgpu.devcluster.certs import CertAuthority
 from ghostgpu.devcluster.kwok_exec import ProcessRow, render_table
 from ghostgpu.devcluster.nodes import GpuNodeSpec, Taint, node_manifest
 from ghostgpu.devcluster.procs import free_port
-from ghostgpu.scale import compat
 from ghostgpu.scale.faults import (
     PROM_MODES,
     PrometheusFaultProxy,
@@ -193,7 +192,6 @@ class Harness:
     async def start(self, webhook: ScaleWebhook) -> None:
         import kr8s.asyncio
 
-        compat.install()
         self.webhook = webhook
         api = await kr8s.asyncio.api(kubeconfig=str(self.cluster.kubeconfig))
         noexec_api = await kr8s.asyncio.api(kubeconfig=str(self.noexec_kubeconfig))

@@ -27,7 +27,6 @@ from ghostgpu.controller.decisions import DecisionLog
 from ghostgpu.controller.inventory import gpu_predicate, pod_view, workload_from
 from ghostgpu.controller.metrics import ControllerMetrics
 from ghostgpu.controller.reconciler import Reconciler, Snapshot
-from ghostgpu.scale import compat
 from ghostgpu.signals.artifacts import (
     DU_ARGV_PREFIX,
     LS_ARGV_PREFIX,
@@ -298,7 +297,6 @@ class NoCluster:
 def test_hostile_annotations_reach_only_the_fixed_argv_and_never_a_reclaim(
     batch: list[dict[str, str]],
 ) -> None:
-    compat.install()
     is_gpu = gpu_predicate(["nvidia.com/gpu"])
     pods = [_pod(i, ann) for i, ann in enumerate(batch)]
     workloads = {wl.ref: wl for wl in (workload_from("Pod", p, is_gpu) for p in pods)}
