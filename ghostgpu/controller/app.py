@@ -34,6 +34,7 @@ from ghostgpu.controller.kube import (
     ResourceType,
 )
 from ghostgpu.controller.leader import LeaderElector
+from ghostgpu.controller.ledger import ReplicaLedger
 from ghostgpu.controller.metrics import ControllerMetrics
 from ghostgpu.controller.reconciler import Reconciler, Snapshot, accounting_from
 from ghostgpu.controller.server import HealthServer
@@ -215,6 +216,7 @@ async def run_controller(
         is_leader=elector.is_leader,
         escalate=_escalator(cfg),
         nudge_nodes=kueue_nudge,
+        ledger=ReplicaLedger(cluster, cfg.namespace),
     )
     interval = cfg.poll_interval.seconds
     started = time.time()

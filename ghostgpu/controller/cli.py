@@ -183,13 +183,19 @@ def restore(
     target: str = typer.Argument(..., help="KIND/NAME, e.g. deployment/notebook-7"),
     namespace: str = typer.Option(..., "--namespace", "-n"),
     kubeconfig: str | None = KubeconfigOpt,
+    config: Path | None = typer.Option(
+        None, "--config", "-c", help="ghostgpu.yaml or the controller section: where the replica ledger is."
+    ),
 ) -> None:
-    """Scale a reclaimed Deployment/StatefulSet back to its recorded replica count."""
+    """Scale a reclaimed Deployment/StatefulSet back to its recorded replica count (the
+    `ghostgpu.io/reclaimed-from-replicas` annotation, else the controller's replica ledger)."""
+    from ghostgpu.controller.app import load_any_config
     from ghostgpu.controller.ops import RestoreError
     from ghostgpu.controller.ops import restore as do_restore
 
+    ledger_ns = load_any_config(config).controller.namespace
     try:
-        done = asyncio.run(do_restore(target, namespace, kubeconfig=kubeconfig))
+        done = asyncio.run(do_restore(target, namespace, kubeconfig=kubeconfig, ledger_namespace=ledger_ns))
     except RestoreError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(1) from None

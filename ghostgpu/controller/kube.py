@@ -42,6 +42,7 @@ DEPLOYMENTS = ResourceType("apps/v1", "deployments", kind="Deployment")
 STATEFULSETS = ResourceType("apps/v1", "statefulsets", kind="StatefulSet")
 CLUSTERQUEUES = ResourceType("kueue.x-k8s.io/v1beta2", "clusterqueues", namespaced=False, kind="ClusterQueue")
 LEASES = ResourceType("coordination.k8s.io/v1", "leases", kind="Lease")
+CONFIGMAPS = ResourceType("v1", "configmaps", kind="ConfigMap")
 RESOURCE_OF_KIND = {"Deployment": DEPLOYMENTS, "StatefulSet": STATEFULSETS, "Pod": PODS}
 
 
@@ -249,18 +250,82 @@ class Cluster:
         ):
             pass
 
-    async def scale(self, ref: WorkloadRef, replicas: int) -> None:
-        """Through the scale subresource (needs only `<kind>/scale` patch rights)."""
+    async def scale(self, ref: WorkloadRef, replicas: int, *, resource_version: str | None = None) -> None:
+        """Through the scale subresource (needs only `<kind>/scale` patch rights). With
+        `resource_version` the scale applies only if the workload is unchanged since that read
+        (the Scale's resourceVersion is the workload's; 409 -> Conflict)."""
         rt = RESOURCE_OF_KIND[ref.kind]
-        async with self.api.call_api(
-            "PATCH",
-            version=rt.version,
-            namespace=ref.namespace,
-            url=f"{rt.plural}/{ref.name}/scale",
-            content=json.dumps({"spec": {"replicas": replicas}}),
-            headers={"Content-Type": "application/merge-patch+json"},
-        ):
-            pass
+        body: dict[str, Any] = {"spec": {"replicas": replicas}}
+        if resource_version:
+            body["metadata"] = {"resourceVersion": resource_version}
+        try:
+            async with self.api.call_api(
+                "PATCH",
+                version=rt.version,
+                namespace=ref.namespace,
+                url=f"{rt.plural}/{ref.name}/scale",
+                content=json.dumps(body),
+                headers={"Content-Type": "application/merge-patch+json"},
+            ):
+                pass
+        except ServerError as exc:
+            if resource_version and status_of(exc) == 409:
+                raise Conflict(str(ref)) from exc
+            raise
+
+    # --- ConfigMaps in the controller's namespace (the replica ledger, see ledger.py) ---------
+
+    async def get_configmap(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """The ConfigMap, or None when it does not exist."""
+        try:
+            async with self.api.call_api(
+                "GET", version="v1", namespace=namespace, url=f"{CONFIGMAPS.plural}/{name}"
+            ) as resp:
+                return dict(resp.json())
+        except ServerError as exc:
+            if status_of(exc) == 404:
+                return None
+            raise
+
+    async def create_configmap(
+        self, namespace: str, name: str, data: Mapping[str, str], *, labels: Mapping[str, str] | None = None
+    ) -> dict[str, Any]:
+        """Create it; 409 (someone created it first) -> Conflict."""
+        body = {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {"name": name, "namespace": namespace, "labels": dict(labels or {})},
+            "data": dict(data),
+        }
+        try:
+            async with self.api.call_api(
+                "POST", version="v1", namespace=namespace, url=CONFIGMAPS.plural, content=json.dumps(body)
+            ) as resp:
+                return dict(resp.json())
+        except ServerError as exc:
+            if status_of(exc) == 409:
+                raise Conflict(f"ConfigMap/{namespace}/{name}") from exc
+            raise
+
+    async def replace_configmap(self, obj: Mapping[str, Any]) -> dict[str, Any]:
+        """PUT the whole object; its metadata.resourceVersion is the precondition (409 -> Conflict)."""
+        meta = obj.get("metadata") or {}
+        namespace, name = meta.get("namespace", ""), meta.get("name", "")
+        try:
+            async with self.api.call_api(
+                "PUT",
+                version="v1",
+                namespace=namespace,
+                url=f"{CONFIGMAPS.plural}/{name}",
+                content=json.dumps(obj),
+            ) as resp:
+                return dict(resp.json())
+        except ServerError as exc:
+            if status_of(exc) == 409:
+                raise Conflict(f"ConfigMap/{namespace}/{name}") from exc
+            if status_of(exc) == 404:
+                raise NotFound(f"ConfigMap/{namespace}/{name}") from exc
+            raise
 
     async def evict(self, namespace: str, pod: str) -> str:
         """Eviction API: honours PodDisruptionBudgets. Returns "evicted", "blocked" (429: a PDB

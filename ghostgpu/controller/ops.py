@@ -10,6 +10,7 @@ from ghostgpu.controller import keys
 from ghostgpu.controller.accounting import FlavorAccount, FlavorSpec, node_flavor
 from ghostgpu.controller.app import LoadedConfig, _kube_api, _slim_node, discover_flavors
 from ghostgpu.controller.inventory import WorkloadRef, gpu_predicate, pod_view, workload_from
+from ghostgpu.config import ControllerConfig
 from ghostgpu.controller.kube import (
     CLUSTERQUEUES,
     DEPLOYMENTS,
@@ -19,6 +20,7 @@ from ghostgpu.controller.kube import (
     STATEFULSETS,
     Cluster,
 )
+from ghostgpu.controller.ledger import LedgerEntry, ReplicaLedger
 from ghostgpu.controller.reconciler import Snapshot, accounting_from
 
 KIND_ALIASES = {
@@ -51,24 +53,34 @@ class Restored:
     replicas: int
 
 
-async def restore(target: str, namespace: str, *, kubeconfig: str | None = None) -> Restored:
-    """Scale back to `ghostgpu.io/reclaimed-from-replicas` and clear the reclaim annotations.
-
-    The annotation is removed with a resourceVersion precondition so that two concurrent restores
-    cannot both succeed; the verdict annotations are cleared too, so the controller judges the
-    restored pods from scratch (after their start-up grace) and records the next verdict anew.
-    """
+async def restore(
+    target: str,
+    namespace: str,
+    *,
+    kubeconfig: str | None = None,
+    ledger_namespace: str = ControllerConfig().namespace,
+) -> Restored:
+    """Scale back to `ghostgpu.io/reclaimed-from-replicas` (the annotation, else the replica
+    ledger in `ledger_namespace`, the controller's namespace) and clear the record."""
     ref = parse_target(target, namespace)
     if ref.kind == "Pod":
         raise RestoreError("an evicted bare Pod cannot be scaled back; re-create it from its manifest")
     cluster = Cluster(await _kube_api(kubeconfig), instance="ghostgpu-restore")
+    return await restore_workload(cluster, ref, ReplicaLedger(cluster, ledger_namespace))
+
+
+async def restore_workload(cluster: Any, ref: WorkloadRef, ledger: ReplicaLedger) -> Restored:
+    """The annotation is removed with a resourceVersion precondition so that two concurrent restores
+    cannot both succeed; the verdict annotations are cleared too, so the controller judges the
+    restored pods from scratch (after their start-up grace) and records the next verdict anew.
+    Without the annotation the ledger entry is taken the same way (see ledger.py); the workload's
+    metadata is then left alone (it refused writes, and once at zero ready replicas Kueue's webhook
+    would accept one and add its queue-name label to the workload)."""
     obj = await cluster.get(ref)
     meta = obj.get("metadata") or {}
     raw = (meta.get("annotations") or {}).get(keys.RECLAIMED_FROM)
     if raw is None:
-        raise RestoreError(
-            f"{ref.short} in {namespace} has no {keys.RECLAIMED_FROM} annotation: not reclaimed"
-        )
+        return await _restore_from_ledger(cluster, ref, obj, ledger)
     try:
         replicas = int(raw)
     except ValueError as exc:
@@ -91,6 +103,43 @@ async def restore(target: str, namespace: str, *, kubeconfig: str | None = None)
         obj, reason="Restored", message=f"ghostgpu restore: scaled {ref.short} back to {replicas} replicas"
     )
     return Restored(ref, replicas)
+
+
+async def _restore_from_ledger(
+    cluster: Any, ref: WorkloadRef, obj: dict[str, Any], ledger: ReplicaLedger
+) -> Restored:
+    meta = obj.get("metadata") or {}
+    where = f"{ref.short} in {ref.namespace}"
+    entry = await ledger.get(ref)
+    if entry is None:
+        raise RestoreError(
+            f"{where} has no {keys.RECLAIMED_FROM} annotation and no entry in the replica ledger "
+            f"{ledger.namespace}/{ledger.name}: not reclaimed"
+        )
+    if entry.uid != meta.get("uid"):
+        raise RestoreError(
+            f"the replica ledger entry for {where} belongs to an earlier object of that name "
+            f"(uid {entry.uid}); not restoring"
+        )
+    if entry.replicas < 1:
+        raise RestoreError(
+            f"the replica ledger records {entry.replicas} replicas for {where}: nothing to restore"
+        )
+    taken = await ledger.take(ref)
+    if taken is None or taken != entry:
+        raise RestoreError(f"the replica ledger entry for {where} changed meanwhile (a concurrent restore?)")
+    try:
+        await cluster.scale(ref, entry.replicas)
+    except Exception:
+        # Keep the record, as for the annotation: a failed scale must not lose the count.
+        await ledger.record(ref, LedgerEntry(entry.replicas, entry.uid, entry.at))
+        raise
+    await cluster.event(
+        obj,
+        reason="Restored",
+        message=f"ghostgpu restore: scaled {ref.short} back to {entry.replicas} replicas (from the replica ledger)",
+    )
+    return Restored(ref, entry.replicas)
 
 
 async def status(loaded: LoadedConfig, *, kubeconfig: str | None = None) -> list[FlavorAccount]:

@@ -9,7 +9,8 @@ Per poll (every `pollInterval`):
      artifact sizes for workloads whose newest sample is zero; faults from pod status + XIDs.
   4. `verdict.decide()` -> `planner.plan()` -> (leader only) annotations + Event when the verdict
      changes, and the reclaim itself: re-read the object, refuse if it is already at zero or now
-     exempt, record `reclaimed-from-replicas` with a resourceVersion precondition, then scale.
+     exempt, record `reclaimed-from-replicas` with a resourceVersion precondition (in the replica
+     ledger, ledger.py, when an admission webhook refuses that write), then scale.
 Followers run steps 1-3 too (their windows stay warm for a failover) but never write.
 """
 
@@ -45,6 +46,7 @@ from ghostgpu.controller.inventory import (
     pods_by_workload,
 )
 from ghostgpu.controller.kube import AdmissionDenied, Cluster, Conflict, NotFound
+from ghostgpu.controller.ledger import LedgerEntry, ReplicaLedger, ledger_key
 from ghostgpu.controller.metrics import ControllerMetrics
 from ghostgpu.controller.planner import Plan, plan
 from ghostgpu.signals.artifacts import (
@@ -119,8 +121,17 @@ class Reconciler:
         autonomy: AutonomyConfig | None = None,
         escalate: Callable[..., Any] | None = None,
         nudge_nodes: bool = True,
+        ledger: ReplicaLedger | None = None,
     ) -> None:
         self.nudge_nodes = nudge_nodes
+        # Where replica counts go when the workload's annotations cannot be written (ledger.py).
+        self.ledger = ledger
+        self.ledger_entries: dict[str, LedgerEntry] = {}
+        # Pods of workloads this process scaled to zero: until the watch cache shows them gone, the
+        # workload is not judged again (a stale poll would exec into a dying pod and write an UNKNOWN
+        # verdict onto a workload at zero ready replicas, which Kueue's webhook then accepts and
+        # labels with queue-name).
+        self.reclaimed_pods: dict[WorkloadRef, frozenset[str]] = {}
         self.cfg = cfg
         self.policy = policy_from_config(cfg)
         self.cluster = cluster
@@ -138,6 +149,23 @@ class Reconciler:
         self.poll_count = 0
         self.last_poll_end: float | None = None
 
+    async def _load_ledger(self) -> None:
+        """One read of the replica ledger per poll (a failure keeps the previous copy)."""
+        if self.ledger is None:
+            return
+        try:
+            self.ledger_entries = await self.ledger.entries()
+        except Exception as exc:
+            log.warning("cannot read the replica ledger", extra={"error": f"{type(exc).__name__}: {exc}"})
+
+    def reclaimed_from(self, wl: Workload) -> int | None:
+        """`reclaimed-from-replicas` from the workload's annotation, else from the ledger (an entry
+        counts only for the object it was written for: same uid)."""
+        if wl.reclaimed_from is not None:
+            return wl.reclaimed_from
+        entry = self.ledger_entries.get(ledger_key(wl.ref)) if self.ledger_entries else None
+        return entry.replicas if entry is not None and entry.uid == wl.uid else None
+
     # --- step 1: what to judge ------------------------------------------------------------------
 
     def eligible(
@@ -150,6 +178,7 @@ class Reconciler:
         for ref in list(self.states):
             if ref not in workloads:
                 del self.states[ref]
+                self.reclaimed_pods.pop(ref, None)
         out: dict[WorkloadRef, tuple[Workload, list[PodView], WorkloadState]] = {}
         grace = self.cfg.startup_grace.seconds
         for ref, wl in sorted(workloads.items()):
@@ -162,9 +191,16 @@ class Reconciler:
                 st.reset_window()
                 continue
             if not running:
-                result.states["reclaimed" if wl.reclaimed_from is not None else "no-running-pod"] += 1
+                result.states["reclaimed" if self.reclaimed_from(wl) is not None else "no-running-pod"] += 1
                 st.reset_window()
                 continue
+            gone = self.reclaimed_pods.get(ref)
+            if gone is not None:
+                if gone & {p.uid for p in running}:
+                    result.states["reclaimed"] += 1  # the cache has not seen the scale-down yet
+                    st.reset_window()
+                    continue
+                del self.reclaimed_pods[ref]  # new pods: restored (or scaled up by a person)
             starts = [p.started_at.timestamp() for p in running if p.started_at]
             if wl.created_at:
                 starts.append(wl.created_at.timestamp())
@@ -255,6 +291,7 @@ class Reconciler:
         t0 = time.monotonic()
         result = PollResult(started=now)
         self.poll_count += 1
+        await self._load_ledger()
         eligible = self.eligible(snap, now, result)
         processes, readings = await self.gather(eligible, now)
         leader = self.is_leader()
@@ -360,6 +397,8 @@ class Reconciler:
                 outcome = "would-reclaim"
         if p.action == "scale-to-zero":
             outcome = await self.scale_to_zero(wl, verdict)
+            if outcome == "scaled-to-zero":
+                self.reclaimed_pods[ref] = frozenset(pod.uid for pod in pods)
         elif p.action == "evict":
             outcome = await self.evict(wl, pods, verdict)
         elif p.action == "escalate" and st.escalated_for != verdict.kind and p.decision is not None:
@@ -410,30 +449,69 @@ class Reconciler:
         except Conflict:
             return "conflict"  # the object changed since we read it: judge again next poll
         except AdmissionDenied as exc:
-            # No durable record of the replica count -> no scale-to-zero (restore needs it).
-            st = self.states.get(ref)
-            if st is not None and st.escalated_for != verdict.kind:
-                st.escalated_for = verdict.kind
-                self.metrics.escalations.labels(ref.namespace, "scale_to_zero").inc()
-                await self.cluster.event(
-                    fresh,
-                    reason="ReclaimBlocked",
-                    message=f"{verdict.kind.value}: not scaling {ref.short} to 0 because "
-                    f"{keys.RECLAIMED_FROM} cannot be recorded on it: {str(exc)[:300]}",
-                    type_="Warning",
-                )
-            return "blocked-by-webhook"
+            # The workload cannot carry the record (Kueue's LocalQueue-default webhook): the
+            # ledger can. Without a durable record there is no scale-to-zero (restore needs it).
+            ledger_error = await self._record_in_ledger(ref, fresh, replicas)
+            if ledger_error is not None:
+                await self._blocked(fresh, ref, verdict, f"{str(exc)[:300]}; ledger: {ledger_error}")
+                return "blocked-by-webhook"
+            try:
+                # Precondition: the object as read before the ledger write. A concurrent actor that
+                # scaled it since (another leader after a split brain) makes this a 409, no-op.
+                await self.cluster.scale(ref, 0, resource_version=meta.get("resourceVersion"))
+            except Conflict:
+                return "conflict"  # the ledger entry stays; the next poll re-reads and rewrites it
+            self.ledger_entries[ledger_key(ref)] = LedgerEntry(replicas, str(meta.get("uid", "")), "")
+            return await self._reclaimed(fresh, ref, replicas, verdict, record="the replica ledger")
         await self.cluster.scale(ref, 0)
+        return await self._reclaimed(fresh, ref, replicas, verdict, record=keys.RECLAIMED_FROM)
+
+    async def _record_in_ledger(
+        self, ref: WorkloadRef, fresh: Mapping[str, Any], replicas: int
+    ) -> str | None:
+        """Store the replica count in the ledger; None once it is durably stored, else why not."""
+        if self.ledger is None:
+            return "no replica ledger configured"
+        uid = str((fresh.get("metadata") or {}).get("uid", ""))
+        try:
+            await self.ledger.record(
+                ref, LedgerEntry(replicas, uid, datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"))
+            )
+        except Exception as exc:
+            log.warning(
+                "cannot write the replica ledger", extra={"workload": str(ref), "error": str(exc)[:300]}
+            )
+            return f"{type(exc).__name__}: {str(exc)[:200]}"
+        return None
+
+    async def _blocked(self, fresh: Mapping[str, Any], ref: WorkloadRef, verdict: Verdict, why: str) -> None:
+        """ReclaimBlocked, once per verdict: no durable replica record could be written."""
+        st = self.states.get(ref)
+        if st is not None and st.escalated_for != verdict.kind:
+            st.escalated_for = verdict.kind
+            self.metrics.escalations.labels(ref.namespace, "scale_to_zero").inc()
+            await self.cluster.event(
+                fresh,
+                reason="ReclaimBlocked",
+                message=f"{verdict.kind.value}: not scaling {ref.short} to 0 because "
+                f"{keys.RECLAIMED_FROM} can be recorded neither on it nor in the ledger: {why}",
+                type_="Warning",
+            )
+
+    async def _reclaimed(
+        self, fresh: Mapping[str, Any], ref: WorkloadRef, replicas: int, verdict: Verdict, *, record: str
+    ) -> str:
         self.metrics.reclaims.labels(ref.namespace, verdict.kind.value, "scale-to-zero").inc()
         await self.cluster.event(
             fresh,
             reason="Reclaimed",
-            message=f"scaled {ref.short} from {replicas} to 0 replicas ({verdict.kind.value}); "
-            f"undo: ghostgpu restore {ref.short} -n {ref.namespace}",
+            message=f"scaled {ref.short} from {replicas} to 0 replicas ({verdict.kind.value}; count "
+            f"recorded in {record}); undo: ghostgpu restore {ref.short} -n {ref.namespace}",
             type_="Warning",
         )
         log.warning(
-            "reclaimed", extra={"workload": str(ref), "fromReplicas": replicas, "verdict": verdict.kind}
+            "reclaimed",
+            extra={"workload": str(ref), "fromReplicas": replicas, "verdict": verdict.kind, "record": record},
         )
         return "scaled-to-zero"
 
@@ -536,8 +614,9 @@ class Reconciler:
                     self.metrics.gpu_hours_reclaimable.labels(ref.namespace, flavor).inc(gpus * hours)
         self.metrics.set_ghosts(ghosts)
         for ref, wl in snap.workloads.items():
-            if wl.reclaimed_from and wl.replicas == 0:
-                gpus = sum(wl.gpus_per_pod.values()) * wl.reclaimed_from
+            reclaimed_from = self.reclaimed_from(wl)
+            if reclaimed_from and wl.replicas == 0:
+                gpus = sum(wl.gpus_per_pod.values()) * reclaimed_from
                 self.metrics.gpu_hours_recovered.labels(ref.namespace, "all").inc(gpus * hours)
 
 

@@ -622,7 +622,7 @@ def test_pending_job_admitted_once_ghosts_are_gone(
             )
 
 
-def test_unwritable_deployment_gets_verdict_on_pods_and_is_not_scaled(
+def test_unwritable_deployment_is_reclaimed_via_the_ledger_and_restored(
     devcluster: DevCluster,
     make_namespace: Callable[..., str],
     process_tables: ProcessTables,
@@ -633,7 +633,8 @@ def test_unwritable_deployment_gets_verdict_on_pods_and_is_not_scaled(
     """A namespace with a LocalQueue `default` (what the rendered Kyverno policy generates for a
     team): Kueue's Deployment webhook defaults queue-name on UPDATE and then rejects it as immutable,
     so no metadata write to a pre-existing Deployment succeeds. The controller records verdicts on
-    the pods instead and refuses to scale without a durable replica record (ReclaimBlocked)."""
+    the pods, the replica count in the ledger ConfigMap in its own namespace, scales through the
+    scale subresource, and `ghostgpu restore` brings it back from the ledger."""
     kube = devcluster.kube
     uid = uuid.uuid4().hex[:6]
     kube.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": LEASE_NS}})
@@ -641,14 +642,32 @@ def test_unwritable_deployment_gets_verdict_on_pods_and_is_not_scaled(
     sc = Scenario(devcluster, ns, process_tables, dcgm)
     kube.apply(deployment("legacy-ghost", ns))
     sc.pods["legacy-ghost"] = wait_for(lambda: sc.running_pod("legacy-ghost"), 90, "legacy-ghost running")
+    # Kueue's webhook only refuses while the Deployment has ready replicas; at 0 it would accept
+    # the next metadata write and add queue-name itself.
+    wait_for(lambda: (sc.read("legacy-ghost").status.ready_replicas or 0) >= 1, 60, "legacy-ghost ready")
     opt_in(devcluster, ns)
     selector = {"matchLabels": {"kubernetes.io/metadata.name": ns}}
+    # With a LocalQueue `default`, Kueue's pod webhook puts every NEW pod in the namespace into it
+    # (queue-name defaulted, scheduling-gated until admitted): the restored pod needs quota.
+    gpu_toleration = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+    kube.apply(
+        {
+            "apiVersion": "kueue.x-k8s.io/v1beta2",
+            "kind": "ResourceFlavor",
+            "metadata": {"name": f"rf-{uid}"},
+            "spec": {"nodeLabels": H100, "tolerations": gpu_toleration},
+        }
+    )
+    quota = {"name": f"rf-{uid}", "resources": [{"name": "nvidia.com/gpu", "nominalQuota": 8}]}
     kube.apply(
         {
             "apiVersion": "kueue.x-k8s.io/v1beta2",
             "kind": "ClusterQueue",
             "metadata": {"name": f"cq-{uid}"},
-            "spec": {"namespaceSelector": selector, "resourceGroups": []},
+            "spec": {
+                "namespaceSelector": selector,
+                "resourceGroups": [{"coveredResources": ["nvidia.com/gpu"], "flavors": [quota]}],
+            },
         }
     )
     kube.apply(
@@ -659,6 +678,28 @@ def test_unwritable_deployment_gets_verdict_on_pods_and_is_not_scaled(
             "spec": {"clusterQueue": f"cq-{uid}"},
         }
     )
+
+    def annotate_refused() -> bool:
+        try:
+            sc.apps.patch_namespaced_deployment(  # dry run: admission runs, nothing is stored
+                "legacy-ghost", ns, {"metadata": {"annotations": {"probe": "1"}}}, dry_run="All"
+            )
+        except client.ApiException as exc:
+            return "admission webhook" in str(exc.body)
+        return False
+
+    wait_for(annotate_refused, 30, "Kueue's webhook to refuse metadata writes to legacy-ghost")
+    key = f"{ns}.deployment.legacy-ghost"
+
+    def ledger() -> dict[str, str]:
+        try:
+            cm = sc.core.read_namespaced_config_map("ghostgpu-replica-ledger", LEASE_NS)
+        except client.ApiException as exc:
+            if exc.status == 404:
+                return {}
+            raise
+        return dict(cm.data or {})
+
     process_tables.set(ns, sc.pods["legacy-ghost"], FINISHED)
     dcgm.set(ns, sc.pods["legacy-ghost"], util=0.0)
     controller = Controller(
@@ -668,17 +709,49 @@ def test_unwritable_deployment_gets_verdict_on_pods_and_is_not_scaled(
         controller.wait_polls(WINDOW + 2)
 
         def pod_verdict() -> str | None:
-            pod = sc.core.read_namespaced_pod(sc.pods["legacy-ghost"], ns)
+            try:
+                pod = sc.core.read_namespaced_pod(sc.pods["legacy-ghost"], ns)
+            except client.ApiException:
+                return "gone"  # already reclaimed: the verdict was on it
             return (pod.metadata.annotations or {}).get("ghostgpu.io/verdict")
 
-        wait_for(lambda: pod_verdict() == "FINISHED_IDLE", 60, "verdict on the pod")
-        wait_for(lambda: sc.events("legacy-ghost", "ReclaimBlocked") == 1, 30, "ReclaimBlocked Event")
+        wait_for(lambda: pod_verdict() in ("FINISHED_IDLE", "gone"), 60, "verdict on the pod")
+        wait_for(lambda: sc.replicas("legacy-ghost") == 0, 60, "legacy-ghost scaled to 0 via the ledger")
+        entry = json.loads(ledger()[key])
+        deployed = sc.read("legacy-ghost")
+        assert entry["replicas"] == 1 and entry["uid"] == deployed.metadata.uid
         controller.wait_polls(2)
-        assert sc.replicas("legacy-ghost") == 1, "never scaled without recording reclaimed-from-replicas"
-        assert "ghostgpu.io/verdict" not in sc.annotations("legacy-ghost")
-        assert sc.events("legacy-ghost", "ReclaimBlocked") == 1
+        assert sc.events("legacy-ghost", "Reclaimed") == 1, "acted on once"
+        assert sc.events("legacy-ghost", "ReclaimBlocked") == 0
+        assert "ghostgpu.io/reclaimed-from-replicas" not in sc.annotations("legacy-ghost")
+        assert QUEUE_LABEL not in (deployed.metadata.labels or {}), "ghostgpu never adds queue-name"
         assert controller.metric("ghostgpu_annotation_fallbacks_total") >= 1
+        assert controller.metric("ghostgpu_reclaims_total") == 1
     finally:
         controller.stop()
+    try:
+        out = subprocess.run(
+            [sys.executable, "-m", "ghostgpu.cli", "restore", "deployment/legacy-ghost", "-n", ns,
+             "--kubeconfig", str(devcluster.kubeconfig)],
+            capture_output=True, text=True, cwd=REPO,
+        )  # fmt: skip
+        assert out.returncode == 0, out.stderr
+        assert "to 1 replicas" in out.stdout
+        assert sc.replicas("legacy-ghost") == 1
+        assert key not in ledger(), "the ledger entry is cleared once restored"
+        assert QUEUE_LABEL not in (sc.read("legacy-ghost").metadata.labels or {})
+        # the new pod went through Kueue (its pod webhook defaulted queue-name) and was admitted
+        new_pod = wait_for(lambda: sc.running_pod("legacy-ghost"), 90, "legacy-ghost running again")
+        assert new_pod != sc.pods["legacy-ghost"]
+        assert (sc.core.read_namespaced_pod(new_pod, ns).metadata.labels or {}).get(QUEUE_LABEL) == "default"
+        again = subprocess.run(
+            [sys.executable, "-m", "ghostgpu.cli", "restore", "deployment/legacy-ghost", "-n", ns,
+             "--kubeconfig", str(devcluster.kubeconfig)],
+            capture_output=True, text=True, cwd=REPO,
+        )  # fmt: skip
+        assert again.returncode == 1 and "not reclaimed" in again.stderr
+    finally:
         kube.delete("kueue.x-k8s.io/v1beta2", "LocalQueue", "default", ns)
+        kube.delete("apps/v1", "Deployment", "legacy-ghost", ns)
         kube.delete("kueue.x-k8s.io/v1beta2", "ClusterQueue", f"cq-{uid}")
+        kube.delete("kueue.x-k8s.io/v1beta2", "ResourceFlavor", f"rf-{uid}")

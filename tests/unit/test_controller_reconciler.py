@@ -20,7 +20,8 @@ import pytest
 from ghostgpu.config import ControllerConfig
 from ghostgpu.controller.decisions import DecisionLog, parse_lines, summarize
 from ghostgpu.controller.inventory import WorkloadRef, gpu_predicate, pod_view, workload_from
-from ghostgpu.controller.kube import AdmissionDenied, Conflict
+from ghostgpu.controller.kube import AdmissionDenied, Conflict, NotFound
+from ghostgpu.controller.ledger import LedgerEntry, ReplicaLedger, ledger_key
 from ghostgpu.controller.metrics import ControllerMetrics
 from ghostgpu.controller.reconciler import Reconciler, Snapshot
 from ghostgpu.signals.artifacts import FileArtifactProbe, Measurement
@@ -93,9 +94,51 @@ class FakeCluster:
         self.pods: list[dict] = []
         self.pod_annotations: dict[str, dict[str, str]] = {}
         self.nodes_annotated: list[str] = []
+        # ConfigMaps with real resourceVersion semantics (the replica ledger)
+        self.configmaps: dict[tuple[str, str], dict] = {}
+        self.cm_writes = 0
+        self.cm_conflicts = 0  # the next N ConfigMap writes answer 409 (a concurrent writer)
+        self.cm_forbidden = False
+        self.scale_fails = 0  # the next N scale calls fail (apiserver 500)
 
     async def get(self, ref: WorkloadRef) -> dict:
+        if ref not in self.objects:
+            raise NotFound(str(ref))
         return json.loads(json.dumps(self.objects[ref]))
+
+    async def get_configmap(self, namespace: str, name: str) -> dict | None:
+        cm = self.configmaps.get((namespace, name))
+        return json.loads(json.dumps(cm)) if cm is not None else None
+
+    def _cm_write_allowed(self) -> None:
+        if self.cm_forbidden:
+            raise RuntimeError("403 Forbidden: configmaps is forbidden")
+        if self.cm_conflicts:
+            self.cm_conflicts -= 1
+            raise Conflict("ConfigMap")
+
+    async def create_configmap(
+        self, namespace: str, name: str, data: Mapping[str, str], *, labels=None
+    ) -> dict:
+        self._cm_write_allowed()
+        if (namespace, name) in self.configmaps:
+            raise Conflict("exists")
+        self.cm_writes += 1
+        self.configmaps[(namespace, name)] = {
+            "metadata": {"name": name, "namespace": namespace, "resourceVersion": str(self.cm_writes)},
+            "data": dict(data),
+        }
+        return await self.get_configmap(namespace, name)  # type: ignore[return-value]
+
+    async def replace_configmap(self, obj: Mapping[str, Any]) -> dict:
+        self._cm_write_allowed()
+        key = (obj["metadata"]["namespace"], obj["metadata"]["name"])
+        if self.configmaps[key]["metadata"]["resourceVersion"] != obj["metadata"]["resourceVersion"]:
+            raise Conflict("stale resourceVersion")
+        self.cm_writes += 1
+        self.configmaps[key] = {**json.loads(json.dumps(obj)), "metadata": {**obj["metadata"]}}
+        self.configmaps[key]["metadata"]["resourceVersion"] = str(self.cm_writes)
+        return await self.get_configmap(*key)  # type: ignore[return-value]
 
     async def patch_annotations(
         self, ref: WorkloadRef, ann: Mapping[str, str | None], *, resource_version=None
@@ -119,9 +162,16 @@ class FakeCluster:
                 meta["annotations"][k] = v
         return self.objects[ref]
 
-    async def scale(self, ref: WorkloadRef, replicas: int) -> None:
+    async def scale(self, ref: WorkloadRef, replicas: int, *, resource_version: str | None = None) -> None:
+        if self.scale_fails:
+            self.scale_fails -= 1
+            raise RuntimeError("500 Internal Server Error")
+        meta = self.objects[ref]["metadata"]
+        if resource_version and resource_version != meta["resourceVersion"]:
+            raise Conflict(str(ref))
         self.scaled.append((ref, replicas))
         self.objects[ref]["spec"]["replicas"] = replicas
+        meta["resourceVersion"] = str(int(meta["resourceVersion"]) + 1)
 
     async def annotate_node(self, node: str, annotations: Mapping[str, str]) -> None:
         self.nodes_annotated.append(node)
@@ -199,6 +249,7 @@ class Harness:
             is_leader=lambda: self.leader,
             clock=lambda: self.clock,
             escalate=escalate,
+            ledger=ReplicaLedger(self.cluster, "ghostgpu-system"),  # type: ignore[arg-type]
         )
 
     def add(
@@ -426,24 +477,172 @@ async def test_per_verdict_switch_disables_reclaim(tmp_path: Path) -> None:
     assert [r.name for r, _ in h.cluster.scaled] == ["crashed"]
 
 
-async def test_unwritable_workload_records_on_pods_and_is_not_scaled(tmp_path: Path) -> None:
+LEDGER = ("ghostgpu-system", "ghostgpu-replica-ledger")
+
+
+def ledger_data(h: Harness) -> dict[str, dict[str, Any]]:
+    cm = h.cluster.configmaps.get(LEDGER) or {}
+    return {k: json.loads(v) for k, v in (cm.get("data") or {}).items()}
+
+
+async def test_unwritable_workload_records_on_pods_and_scales_via_the_ledger(tmp_path: Path) -> None:
     """Kueue's webhook refuses any metadata write to a pre-existing Deployment once the namespace
-    has a LocalQueue `default`: verdicts go to the pods, and no scale-to-zero happens without the
-    replica count recorded (restore would be impossible)."""
+    has a LocalQueue `default`: verdicts go to the pods, the replica count to the ledger ConfigMap,
+    and only once that is stored is the Deployment scaled (through the scale subresource)."""
     h = Harness(tmp_path, mode="enforce")
     h.add("legacy", table=FINISHED)
+    h.add("writable", table=FINISHED)
     h.cluster.deny.add("legacy")
     await h.polls(5)
     pod = "legacy-abc12-xyz"
     assert h.cluster.pod_annotations[pod]["ghostgpu.io/verdict"] == "FINISHED_IDLE"
-    assert h.cluster.scaled == []
-    assert sum(1 for n, r in h.cluster.events if r == "ReclaimBlocked") == 1
+    assert sorted(r.name for r, n in h.cluster.scaled) == ["legacy", "writable"]
+    key = ledger_key(WorkloadRef("Deployment", NS, "legacy"))
+    assert key == "team-a.deployment.legacy"
+    entries = ledger_data(h)
+    assert list(entries) == [key], "the annotation stays the record where it can be written"
+    assert entries[key]["replicas"] == 1 and entries[key]["uid"] == "uid-legacy" and entries[key]["at"]
+    assert (
+        "ghostgpu.io/reclaimed-from-replicas"
+        not in h.objects[WorkloadRef("Deployment", NS, "legacy")]["metadata"]["annotations"]
+    )
+    assert not any(r == "ReclaimBlocked" for _, r in h.cluster.events)
+    assert sum(1 for n, r in h.cluster.events if n == "legacy" and r == "Reclaimed") == 1
     # the verdict read back from the pods: one Event per change, not one per poll
-    assert [r for n, r in h.cluster.events if r.startswith("Verdict")] == [
+    assert [r for n, r in h.cluster.events if n == "legacy" and r.startswith("Verdict")] == [
         "VerdictUnknown",
         "VerdictFinishedIdle",
     ]
     assert h.metrics.write_fallbacks.labels(NS)._value.get() >= 2
+    # a stale watch cache still shows the dying pod: no exec, no verdict write onto the workload
+    # (at zero ready replicas Kueue's webhook would accept one and add queue-name to it)
+    h.exec.tables["legacy"] = ExecFailed(FailureReason.NOT_FOUND, "pod gone")
+    snap = h.snapshot()
+    stale = Snapshot(snap.namespaces, snap.workloads, [pod_view(pod_for("legacy"), IS_GPU)], [])
+    writes, pod_writes, execs = len(h.cluster.patches), dict(h.cluster.pod_annotations), len(h.exec.calls)
+    result = await h.rec.poll_once(stale)
+    assert result.states["reclaimed"] == 2 and not result.judged
+    assert len(h.cluster.patches) == writes and h.cluster.pod_annotations == pod_writes
+    assert len(h.exec.calls) == execs
+    # later polls: counted as reclaimed (from the ledger) and as recovered GPU-hours; never acted twice
+    result = await h.polls(2)
+    assert result.states["reclaimed"] == 2
+    assert len(h.cluster.scaled) == 2
+    # both reclaimed at poll 3 (window 3); 2 workloads x 2 GPUs recovered at polls 4-5, the stale one, 6-7
+    assert h.metrics.gpu_hours_recovered.labels(NS, "all")._value.get() == pytest.approx(
+        5 * 2 * 2 * 60 / 3600
+    )
+
+
+async def test_ledger_write_retries_on_conflict_and_blocks_when_impossible(tmp_path: Path) -> None:
+    h = Harness(tmp_path, mode="enforce")
+    h.add("legacy", table=FINISHED)
+    h.cluster.deny.add("legacy")
+    # another workload's entry exists; a concurrent writer wins the first two writes
+    await ReplicaLedger(h.cluster, LEDGER[0]).record(  # type: ignore[arg-type]
+        WorkloadRef("StatefulSet", "other", "x"), LedgerEntry(3, "uid-x", "2026-01-01T00:00:00Z")
+    )
+    h.cluster.cm_conflicts = 2
+    await h.polls(3)
+    assert [r.name for r, _ in h.cluster.scaled] == ["legacy"]
+    assert set(ledger_data(h)) == {"other.statefulset.x", "team-a.deployment.legacy"}, (
+        "merged, not overwritten"
+    )
+    # neither the annotation nor the ledger can be written: no scale, ReclaimBlocked once per verdict
+    h = Harness(tmp_path, mode="enforce")
+    h.add("forbidden", table=FINISHED)
+    h.cluster.deny.add("forbidden")
+    h.cluster.cm_forbidden = True
+    await h.polls(5)
+    assert h.cluster.scaled == [] and h.replicas("forbidden") == 1
+    assert [n for n, r in h.cluster.events if r == "ReclaimBlocked"] == ["forbidden"]
+    # a conflict storm that never ends is a failure too, not a scale
+    h.cluster.cm_forbidden, h.cluster.cm_conflicts = False, 1000
+    await h.polls(2)
+    assert h.cluster.scaled == []
+
+
+async def test_ledger_scale_precondition_and_failover_never_act_twice(tmp_path: Path) -> None:
+    h = Harness(tmp_path, mode="enforce")
+    h.add("legacy", table=FINISHED)
+    h.cluster.deny.add("legacy")
+    await h.polls(2)
+    # the object changes between the fresh read and the scale (another actor): 409, no scale
+    real_record = h.rec.ledger.record  # type: ignore[union-attr]
+
+    async def record_then_bump(ref: WorkloadRef, entry: LedgerEntry) -> None:
+        await real_record(ref, entry)
+        meta = h.objects[ref]["metadata"]
+        meta["resourceVersion"] = str(int(meta["resourceVersion"]) + 1)
+
+    h.rec.ledger.record = record_then_bump  # type: ignore[union-attr,method-assign]
+    result = await h.polls(1)
+    assert dict((r.name, o) for r, o in result.actions)["legacy"] == "conflict"
+    assert h.cluster.scaled == []
+    h.rec.ledger.record = real_record  # type: ignore[union-attr,method-assign]
+    await h.polls(1)
+    assert [r.name for r, _ in h.cluster.scaled] == ["legacy"]
+    # a new leader with a stale cache: the fresh read shows 0 replicas, nothing happens twice
+    stale = Harness(tmp_path, mode="enforce")
+    stale.objects.update(h.objects)
+    stale.cluster = h.cluster
+    stale.rec.cluster = h.cluster  # type: ignore[assignment]
+    stale.rec.ledger = ReplicaLedger(h.cluster, LEDGER[0])  # type: ignore[arg-type]
+    snap = h.snapshot()
+    snap = Snapshot(snap.namespaces, snap.workloads, [pod_view(pod_for("legacy"), IS_GPU)], [])
+    stale.util.values["legacy"] = 0.0
+    stale.exec.tables["legacy"] = FINISHED
+    for _ in range(3):
+        result = await stale.rec.poll_once(snap)
+        stale.clock += 60
+    assert dict((r.name, o) for r, o in result.actions)["legacy"] == "already-zero"
+    assert len(h.cluster.scaled) == 1
+    assert sum(1 for n, r in h.cluster.events if n == "legacy" and r == "Reclaimed") == 1
+
+
+async def test_restore_from_the_ledger(tmp_path: Path) -> None:
+    from ghostgpu.controller.ops import RestoreError, restore_workload
+
+    h = Harness(tmp_path, mode="enforce")
+    h.add("legacy", table=FINISHED)
+    h.cluster.deny.add("legacy")
+    await h.polls(4)
+    ref = WorkloadRef("Deployment", NS, "legacy")
+    assert h.replicas("legacy") == 0
+    ledger = ReplicaLedger(h.cluster, LEDGER[0])  # type: ignore[arg-type]
+    # a failed scale keeps the record (restore can be run again)
+    h.cluster.scale_fails = 1
+    with pytest.raises(RuntimeError):
+        await restore_workload(h.cluster, ref, ledger)
+    assert ledger_data(h)[ledger_key(ref)]["replicas"] == 1
+    patches = len(h.cluster.patches)
+    done = await restore_workload(h.cluster, ref, ledger)
+    assert done.replicas == 1 and h.replicas("legacy") == 1
+    assert ledger_data(h) == {}, "the record is cleared once restored"
+    assert len(h.cluster.patches) == patches, "the unwritable workload's metadata is never patched"
+    assert ("legacy", "Restored") in h.cluster.events
+    with pytest.raises(RestoreError, match="not reclaimed"):
+        await restore_workload(h.cluster, ref, ledger)
+    # an entry left by an earlier object of the same name is not applied to the new one
+    await ledger.record(ref, LedgerEntry(4, "uid-previous", "2026-01-01T00:00:00Z"))
+    with pytest.raises(RestoreError, match="earlier object"):
+        await restore_workload(h.cluster, ref, ledger)
+    assert h.replicas("legacy") == 1
+
+
+def test_ledger_keys_and_entries() -> None:
+    long = WorkloadRef("Deployment", "n" * 63, "x" * 253)
+    key = ledger_key(long)
+    assert len(key) == 253 and key != ledger_key(WorkloadRef("Deployment", "n" * 63, "x" * 252 + "y"))
+    assert LedgerEntry.parse('{"replicas": 2, "uid": "u", "at": ""}') == LedgerEntry(2, "u", "")
+    for bad in (
+        "",
+        "[]",
+        '{"replicas": "2", "uid": "u"}',
+        '{"replicas": -1, "uid": "u"}',
+        '{"replicas": true}',
+    ):
+        assert LedgerEntry.parse(bad) is None
 
 
 async def test_bare_pod_eviction_and_pdb_block(tmp_path: Path) -> None:

@@ -409,6 +409,27 @@ def test_controller_rbac_is_read_only_cluster_wide(default_files: dict[str, str]
     ]:
         assert need in granted
     assert not any(verb in ("delete", "deletecollection", "*") for _, verb in granted)
+    # the replica ledger: ConfigMaps, only in the controller's own namespace, never deleted
+    ledger = next(
+        o
+        for o in objects
+        if o["metadata"]["name"] == "ghostgpu-controller-replica-ledger" and o["kind"] == "Role"
+    )
+    assert ledger["metadata"]["namespace"] == "ghostgpu-system"
+    assert ledger["rules"] == [
+        {
+            "apiGroups": [""],
+            "resources": ["configmaps"],
+            "verbs": ["get", "list", "watch", "create", "update", "patch"],
+        }
+    ]
+    [binding] = [
+        b for b in by_kind(objects, "RoleBinding") if b["roleRef"]["name"] == ledger["metadata"]["name"]
+    ]
+    assert binding["metadata"]["namespace"] == "ghostgpu-system"
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "ghostgpu-controller", "namespace": "ghostgpu-system"}
+    ]
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,146 @@
+"""The replica ledger: a durable `reclaimed-from-replicas` record where the workload cannot hold it.
+
+Why: once a namespace has a Kueue LocalQueue named `default`, Kueue's Deployment and StatefulSet
+webhooks default `kueue.x-k8s.io/queue-name` on every UPDATE and then reject their own change as
+immutable while the workload has ready replicas (v0.17, pkg/controller/jobs/{deployment,
+statefulset}); so no metadata write to a pre-existing, running workload succeeds, while the
+`scale` subresource still does. The annotation stays the primary record (DESIGN §3); when it is
+refused, the count goes here first and the workload is scaled only once the entry is stored.
+
+One ConfigMap (`ghostgpu-replica-ledger`) in the controller's namespace, one key per workload,
+`<namespace>.<kind>.<name>` (a namespace cannot contain a dot, so the key is unambiguous), value
+`{"replicas": N, "uid": "...", "at": "...Z"}`. Every write is a read-modify-PUT with the
+ConfigMap's resourceVersion as precondition, retried on conflict; `take` removes an entry the
+same way, so two concurrent restores cannot both get it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from ghostgpu.controller.inventory import WorkloadRef
+from ghostgpu.controller.kube import Conflict
+
+LEDGER_NAME = "ghostgpu-replica-ledger"
+MAX_KEY = 253  # ConfigMap keys: [-._a-zA-Z0-9], at most 253 characters
+ATTEMPTS = 5
+
+
+class LedgerStore(Protocol):
+    """The ConfigMap calls the ledger needs (kube.Cluster implements them)."""
+
+    async def get_configmap(self, namespace: str, name: str) -> dict[str, Any] | None: ...
+
+    async def create_configmap(
+        self, namespace: str, name: str, data: Mapping[str, str], *, labels: Mapping[str, str] | None = None
+    ) -> dict[str, Any]: ...
+
+    async def replace_configmap(self, obj: Mapping[str, Any]) -> dict[str, Any]: ...
+
+
+class LedgerError(Exception):
+    """The ledger could not be written (conflicts kept winning, or the apiserver refused)."""
+
+
+@dataclass(frozen=True, slots=True)
+class LedgerEntry:
+    replicas: int
+    uid: str
+    at: str
+
+    def to_json(self) -> str:
+        return json.dumps({"replicas": self.replicas, "uid": self.uid, "at": self.at}, sort_keys=True)
+
+    @classmethod
+    def parse(cls, raw: str) -> LedgerEntry | None:
+        """None for anything that is not a well-formed entry (never guess a replica count)."""
+        try:
+            data = json.loads(raw)
+        except ValueError:
+            return None
+        if not isinstance(data, dict):
+            return None
+        replicas, uid, at = data.get("replicas"), data.get("uid"), data.get("at", "")
+        if not isinstance(replicas, int) or isinstance(replicas, bool) or replicas < 0:
+            return None
+        if not isinstance(uid, str) or not isinstance(at, str):
+            return None
+        return cls(replicas, uid, at)
+
+
+def ledger_key(ref: WorkloadRef) -> str:
+    key = f"{ref.namespace}.{ref.kind.lower()}.{ref.name}"
+    if len(key) <= MAX_KEY:
+        return key
+    digest = hashlib.sha256(key.encode()).hexdigest()[:16]
+    return f"{key[: MAX_KEY - 17]}.{digest}"
+
+
+def parse_entries(data: Mapping[str, str]) -> dict[str, LedgerEntry]:
+    out: dict[str, LedgerEntry] = {}
+    for key, raw in data.items():
+        entry = LedgerEntry.parse(raw)
+        if entry is not None:
+            out[key] = entry
+    return out
+
+
+class ReplicaLedger:
+    def __init__(self, store: LedgerStore, namespace: str, name: str = LEDGER_NAME) -> None:
+        self.store = store
+        self.namespace = namespace
+        self.name = name
+
+    async def entries(self) -> dict[str, LedgerEntry]:
+        """Every well-formed entry by key (empty when the ConfigMap does not exist yet)."""
+        cm = await self.store.get_configmap(self.namespace, self.name)
+        return parse_entries((cm or {}).get("data") or {})
+
+    async def get(self, ref: WorkloadRef) -> LedgerEntry | None:
+        return (await self.entries()).get(ledger_key(ref))
+
+    async def record(self, ref: WorkloadRef, entry: LedgerEntry) -> None:
+        """Store the entry durably (returns only once the apiserver has it), or raise LedgerError."""
+        key = ledger_key(ref)
+        for _ in range(ATTEMPTS):
+            cm = await self.store.get_configmap(self.namespace, self.name)
+            try:
+                if cm is None:
+                    await self.store.create_configmap(
+                        self.namespace,
+                        self.name,
+                        {key: entry.to_json()},
+                        labels={"app.kubernetes.io/name": "ghostgpu-controller"},
+                    )
+                else:
+                    cm["data"] = {**(cm.get("data") or {}), key: entry.to_json()}
+                    await self.store.replace_configmap(cm)
+                return
+            except Conflict:
+                continue  # someone else wrote the ledger since we read it: read again
+        raise LedgerError(f"{self.namespace}/{self.name}: still conflicting after {ATTEMPTS} attempts")
+
+    async def take(self, ref: WorkloadRef) -> LedgerEntry | None:
+        """Remove the entry and return it (None if there is none). Two concurrent callers cannot
+        both get it: the removal carries the ConfigMap's resourceVersion."""
+        key = ledger_key(ref)
+        for _ in range(ATTEMPTS):
+            cm = await self.store.get_configmap(self.namespace, self.name)
+            data = dict((cm or {}).get("data") or {})
+            entry = LedgerEntry.parse(data.pop(key, ""))
+            if cm is None or entry is None:
+                return None  # nothing (well-formed) to take: a malformed entry is left for a person
+            cm["data"] = data
+            try:
+                await self.store.replace_configmap(cm)
+            except Conflict:
+                continue
+            return entry
+        raise LedgerError(f"{self.namespace}/{self.name}: still conflicting after {ATTEMPTS} attempts")
+
+
+__all__ = ["LEDGER_NAME", "LedgerEntry", "LedgerError", "LedgerStore", "ReplicaLedger", "ledger_key"]
