@@ -513,6 +513,13 @@ class ControllerConfig(Model):
     service_monitor: ServiceMonitorConfig = Field(default_factory=ServiceMonitorConfig)
     # The risk gate (ghostgpu.autonomy): thresholds from `ghostgpu calibrate`, weights, action table.
     autonomy: AutonomyConfig = Field(default_factory=AutonomyConfig)
+    kueue_nudge: bool = Field(
+        False,
+        description="after a reclaim, annotate the freed Nodes (ghostgpu.io/capacity-freed-at) so that "
+        "Kueue's topology-aware scheduling retries pending workloads (v0.17 retries them on node "
+        "changes, not on pod deletions); only useful with TAS flavors; renders `patch` on nodes "
+        "into the controller's ClusterRole",
+    )
 
     @model_validator(mode="after")
     def _windows(self) -> ControllerConfig:

@@ -38,10 +38,11 @@ def controller(
         "/var/lib/ghostgpu/decisions.jsonl", "--decision-log", help="JSONL decision history ('' = off)."
     ),
     max_polls: int | None = typer.Option(None, "--max-polls", help="Stop after N polls (testing)."),
-    kueue_nudge: bool = typer.Option(
-        True,
+    kueue_nudge: bool | None = typer.Option(
+        None,
         "--kueue-nudge/--no-kueue-nudge",
-        help="Annotate Nodes freed by a reclaim so Kueue retries pending work.",
+        help="Override controller.kueueNudge: annotate Nodes freed by a reclaim so Kueue's TAS "
+        "retries pending work (needs patch on nodes).",
     ),
     log_level: str = typer.Option("INFO", "--log-level"),
 ) -> None:
@@ -63,6 +64,8 @@ def controller(
         overrides["pollInterval"] = poll_interval
     if startup_grace:
         overrides["startupGrace"] = startup_grace
+    if kueue_nudge is not None:
+        overrides["kueueNudge"] = kueue_nudge
     if prometheus_url:
         overrides["prometheus"] = {
             **loaded.controller.prometheus.model_dump(by_alias=True, mode="json"),
@@ -86,7 +89,6 @@ def controller(
             renew_deadline=renew_deadline,
             retry_period=retry_period,
             max_polls=max_polls,
-            kueue_nudge=kueue_nudge,
         )
     )
 

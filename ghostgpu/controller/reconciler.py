@@ -17,6 +17,7 @@ Followers run steps 1-3 too (their windows stay warm for a failover) but never w
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import time
@@ -120,10 +121,10 @@ class Reconciler:
         clock: Callable[[], float] = time.time,
         autonomy: AutonomyConfig | None = None,
         escalate: Callable[..., Any] | None = None,
-        nudge_nodes: bool = True,
+        nudge_nodes: bool | None = None,  # None: controller.kueueNudge
         ledger: ReplicaLedger | None = None,
     ) -> None:
-        self.nudge_nodes = nudge_nodes
+        self.nudge_nodes = cfg.kueue_nudge if nudge_nodes is None else nudge_nodes
         # Where replica counts go when the workload's annotations cannot be written (ledger.py).
         self.ledger = ledger
         self.ledger_entries: dict[str, LedgerEntry] = {}
@@ -181,7 +182,8 @@ class Reconciler:
                 self.reclaimed_pods.pop(ref, None)
         out: dict[WorkloadRef, tuple[Workload, list[PodView], WorkloadState]] = {}
         grace = self.cfg.startup_grace.seconds
-        for ref, wl in sorted(workloads.items()):
+        # Sorted by (kind, namespace, name), WorkloadRef's order, without 10⁵ dataclass __lt__ calls.
+        for ref, wl in sorted(workloads.items(), key=lambda kv: (kv[0].kind, kv[0].namespace, kv[0].name)):
             st = self.states.get(ref)
             if st is None or st.uid != wl.uid:
                 st = self.states[ref] = WorkloadState.new(wl.uid, self.cfg)
@@ -641,8 +643,16 @@ def _verdict_of(wl: Workload | Mapping[str, str]) -> VerdictKind | None:
 
 
 def _reasons_of(annotations: Mapping[str, str]) -> list[str] | None:
+    return _parse_reasons(annotations.get(keys.EVIDENCE, ""))
+
+
+@functools.lru_cache(maxsize=32768)
+def _parse_reasons(evidence: str) -> list[str] | None:
+    """The reasons recorded in an evidence annotation. Memoised on the annotation text: it changes
+    only when the controller rewrites it, so most polls parse none of the N annotations (the
+    annotation stays the durable record; callers only compare the result, never mutate it)."""
     try:
-        reasons = json.loads(annotations.get(keys.EVIDENCE, "")).get("reasons")
+        reasons = json.loads(evidence).get("reasons")
     except (ValueError, AttributeError):
         return None
     return reasons if isinstance(reasons, list) else None

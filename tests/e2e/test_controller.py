@@ -51,7 +51,7 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def controller_config(tmp: Path, prometheus_url: str, mode: str) -> Path:
+def controller_config(tmp: Path, prometheus_url: str, mode: str, **extra: object) -> Path:
     cfg = yaml.safe_load((REPO / "examples" / "ghostgpu.yaml").read_text())
     cfg["controller"].update(
         mode=mode,
@@ -65,6 +65,7 @@ def controller_config(tmp: Path, prometheus_url: str, mode: str) -> Path:
         # The default tau (0.25) escalates evicting a bare pod (base risk 0.5: it is not recreated);
         # 0.4 lets this test exercise the Eviction API and the PodDisruptionBudget path.
         autonomy={"tau": 0.4},
+        **extra,
     )
     path = tmp / f"ghostgpu-{mode}.yaml"
     path.write_text(yaml.safe_dump(cfg))
@@ -575,9 +576,9 @@ def test_pending_job_admitted_once_ghosts_are_gone(
         )
         assert before["heldOutsideKueue"] >= 9 and before["gap"] >= 9
 
-        controller = Controller(
-            devcluster.kubeconfig, controller_config(tmp_path, prometheus_url, "enforce"), tmp_path, "enforce"
-        )
+        # A TAS flavor: Kueue retries the pending Job on a node change, so the nudge is on.
+        cfg = controller_config(tmp_path, prometheus_url, "enforce", kueueNudge=True)
+        controller = Controller(devcluster.kubeconfig, cfg, tmp_path, "enforce")
         controller.wait_polls(1)
         wait_for(lambda: sc.replicas("ghost-a") == 0 and sc.replicas("ghost-b") == 0, 90, "ghosts reclaimed")
         admitted_at = time.monotonic()
@@ -601,6 +602,8 @@ def test_pending_job_admitted_once_ghosts_are_gone(
             "the Job's pod to be scheduled",
         )  # fmt: skip
         assert job_pods[0].spec.node_name == "gpu-h100-0"
+        freed = core.read_node("gpu-h100-0").metadata.annotations or {}
+        assert "ghostgpu.io/capacity-freed-at" in freed, "the nudge that made Kueue retry"
         wait_for(
             lambda: (batch.read_namespaced_job("needs-a-node", ns).status.succeeded or 0) == 1, 60, "Job done"
         )

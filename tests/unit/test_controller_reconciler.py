@@ -343,7 +343,7 @@ async def test_shadow_judges_records_and_touches_nothing(tmp_path: Path) -> None
 
 
 async def test_enforce_scales_exactly_the_reclaimable_once(tmp_path: Path) -> None:
-    h = Harness(tmp_path, mode="enforce")
+    h = Harness(tmp_path, mode="enforce", kueueNudge=True)
     h.add("busy", util=80.0)
     h.add("done", table=FINISHED)
     h.add("crashed", table=ZOMBIE)
@@ -366,6 +366,39 @@ async def test_enforce_scales_exactly_the_reclaimable_once(tmp_path: Path) -> No
     assert h.metrics.reclaims.labels(NS, "FINISHED_IDLE", "scale-to-zero")._value.get() == 1
     # Kueue is told once that capacity was freed on the node of the reclaimed pods
     assert h.cluster.nodes_annotated == ["gpu-0"]
+
+
+async def test_kueue_nudge_is_off_by_default(tmp_path: Path) -> None:
+    """Without controller.kueueNudge the rendered RBAC has no patch on nodes: never try."""
+    h = Harness(tmp_path, mode="enforce")
+    h.add("done", table=FINISHED)
+    await h.polls(4)
+    assert [r.name for r, _ in h.cluster.scaled] == ["done"]
+    assert h.cluster.nodes_annotated == []
+
+
+def test_kueue_nudge_cli_flag_overrides_the_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from typer.testing import CliRunner
+
+    import ghostgpu.controller.app as app_mod
+    from ghostgpu.cli import app
+
+    seen: list[bool] = []
+
+    async def fake_run(loaded: Any, **kwargs: Any) -> None:
+        assert kwargs.get("kueue_nudge") is None
+        seen.append(loaded.controller.kueue_nudge)
+
+    monkeypatch.setattr(app_mod, "run_controller", fake_run)
+    cfg = tmp_path / "controller.yaml"
+    cfg.write_text("kueueNudge: true\n")
+    for args, want in (([], False), (["-c", str(cfg)], True), (["-c", str(cfg), "--no-kueue-nudge"], False)):
+        seen.clear()
+        out = CliRunner().invoke(app, ["controller", *args])
+        assert out.exit_code == 0, out.output
+        assert seen == [want], args
+    out = CliRunner().invoke(app, ["controller", "--kueue-nudge"])
+    assert out.exit_code == 0 and seen[-1] is True
 
 
 async def test_guards_before_acting(tmp_path: Path) -> None:

@@ -432,6 +432,26 @@ def test_controller_rbac_is_read_only_cluster_wide(default_files: dict[str, str]
     ]
 
 
+def test_nodes_patch_is_rendered_only_with_the_kueue_nudge() -> None:
+    def node_verbs(text: str) -> set[str]:
+        [read] = [
+            o
+            for o in docs(render_bundles(load_config_text(text)), "controller/rbac.yaml")
+            if o["kind"] == "ClusterRole" and o["metadata"]["name"] == "ghostgpu-controller-read"
+        ]
+        return {v for r in read["rules"] if "nodes" in r["resources"] for v in r["verbs"]}
+
+    assert node_verbs(THREE_RESOURCES) == {"get", "list", "watch"}
+    assert node_verbs(THREE_RESOURCES + "controller: {kueueNudge: true}\n") == {
+        "get",
+        "list",
+        "watch",
+        "patch",
+    }
+    [cm] = docs(render_bundles(load_config_text(THREE_RESOURCES)), "controller/configmap.yaml")
+    assert "kueueNudge: false" in next(iter(cm["data"].values()))
+
+
 @pytest.mark.parametrize(
     ("preset", "util", "fb", "threshold", "labels"),
     [
