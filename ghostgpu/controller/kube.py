@@ -60,6 +60,50 @@ class AdmissionDenied(Exception):
     rejects its own change as immutable: no metadata write to such a Deployment can succeed)."""
 
 
+class WouldMutate(AdmissionDenied):
+    """The server-side dry-run of a metadata write showed the admission chain changing Kueue's
+    fields (`kueue.x-k8s.io/*` labels or annotations, the pod template): Kueue's Deployment and
+    StatefulSet webhooks (v0.17) default `queue-name` on every UPDATE and accept it while the
+    workload has 0 ready replicas, which would roll it into Kueue (DESIGN §3: ghostgpu never adds
+    queue-name to a live object). Nothing was written; callers fall back exactly as for a refusal
+    (it is an AdmissionDenied)."""
+
+
+KUEUE_PREFIX = "kueue.x-k8s.io/"
+
+
+def _kueue_keys(m: Any) -> dict[str, Any]:
+    return {k: v for k, v in m.items() if k.startswith(KUEUE_PREFIX)} if isinstance(m, Mapping) else {}
+
+
+def admission_changes(before: Mapping[str, Any], after: Mapping[str, Any]) -> list[str]:
+    """What an annotation-only patch would change beyond our annotations, as far as Kueue is
+    concerned: `kueue.x-k8s.io/*` labels (queue-name, managed, priority class) and annotations on the
+    object and on its pod template, and the generation (any pod-template change bumps it). `before`
+    may be a watch-cache copy: a stale one can only produce a false alarm (a fallback), never hide
+    Kueue's change, since a tracked workload carries no queue-name to begin with."""
+    changes: list[str] = []
+    bmeta, ameta = before.get("metadata") or {}, after.get("metadata") or {}
+    btpl = ((before.get("spec") or {}).get("template") or {}).get("metadata") or {}
+    atpl = ((after.get("spec") or {}).get("template") or {}).get("metadata") or {}
+    for where, b, a in (
+        ("metadata.labels", bmeta.get("labels"), ameta.get("labels")),
+        ("metadata.annotations", bmeta.get("annotations"), ameta.get("annotations")),
+        ("spec.template.metadata.labels", btpl.get("labels"), atpl.get("labels")),
+        ("spec.template.metadata.annotations", btpl.get("annotations"), atpl.get("annotations")),
+    ):
+        bk, ak = _kueue_keys(b), _kueue_keys(a)
+        changes += [
+            f"{where}[{k}]: {bk.get(k)!r} -> {ak.get(k)!r}"
+            for k in sorted(bk.keys() | ak.keys())
+            if bk.get(k) != ak.get(k)
+        ]
+    bgen, agen = bmeta.get("generation"), ameta.get("generation")
+    if bgen is not None and agen is not None and bgen != agen:
+        changes.append(f"metadata.generation: {bgen} -> {agen} (the spec would change)")
+    return changes
+
+
 def status_of(exc: ServerError) -> int:
     return exc.response.status_code if exc.response is not None else 0
 
@@ -213,20 +257,41 @@ class Cluster:
         annotations: Mapping[str, str | None],
         *,
         resource_version: str | None = None,
+        current: Mapping[str, Any] | None = None,
     ) -> dict[str, Any]:
         """Merge-patch annotations (None removes one). With `resource_version`, the patch applies
-        only if the object is unchanged since that read (409 -> Conflict)."""
+        only if the object is unchanged since that read (409 -> Conflict).
+
+        Every metadata write of ghostgpu to a workload or pod goes through here, so here the same
+        patch is first sent with `dryRun=All` (Kueue's webhooks declare sideEffects=None, so they run
+        on it) and compared with `current` (the caller's copy of the object; a GET when None): if
+        the admission chain would change Kueue's fields, nothing is written and WouldMutate is
+        raised (see admission_changes). One extra request per write; writes happen only on verdict
+        changes and actions, never on the poll path. A cheaper check (e.g. "does the namespace have
+        a LocalQueue `default`?") would encode one Kueue version's rule; the dry-run asks the
+        admission chain itself, whatever webhooks and versions are installed."""
         rt = RESOURCE_OF_KIND[ref.kind]
         meta: dict[str, Any] = {"annotations": dict(annotations)}
         if resource_version:
             meta["resourceVersion"] = resource_version
+        body = json.dumps({"metadata": meta})
+        if current is None:
+            current = await self.get(ref)
+        after = await self._patch(rt, ref, body, dry_run=True)
+        changes = admission_changes(current, after)
+        if changes:
+            raise WouldMutate(f"{ref}: the admission chain would change " + "; ".join(changes))
+        return await self._patch(rt, ref, body, dry_run=False)
+
+    async def _patch(self, rt: ResourceType, ref: WorkloadRef, body: str, *, dry_run: bool) -> dict[str, Any]:
         try:
             async with self.api.call_api(
                 "PATCH",
                 version=rt.version,
                 namespace=ref.namespace,
                 url=f"{rt.plural}/{ref.name}",
-                content=json.dumps({"metadata": meta}),
+                params={"dryRun": "All"} if dry_run else None,
+                content=body,
                 headers={"Content-Type": "application/merge-patch+json"},
             ) as resp:
                 return dict(resp.json())

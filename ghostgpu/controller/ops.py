@@ -19,6 +19,7 @@ from ghostgpu.controller.kube import (
     PODS,
     STATEFULSETS,
     Cluster,
+    WouldMutate,
 )
 from ghostgpu.controller.ledger import LedgerEntry, ReplicaLedger
 from ghostgpu.controller.reconciler import Snapshot, accounting_from
@@ -87,20 +88,32 @@ async def restore_workload(cluster: Any, ref: WorkloadRef, ledger: ReplicaLedger
         raise RestoreError(f"{keys.RECLAIMED_FROM}={raw!r} is not a replica count") from exc
     if replicas < 1:
         raise RestoreError(f"{keys.RECLAIMED_FROM}={replicas}: nothing to restore")
-    await cluster.patch_annotations(
-        ref,
-        {keys.RECLAIMED_FROM: None, keys.RECLAIMED_AT: None, keys.VERDICT: None, keys.EVIDENCE: None},
-        resource_version=meta.get("resourceVersion"),
-    )
+    note = ""
+    try:
+        await cluster.patch_annotations(
+            ref,
+            {keys.RECLAIMED_FROM: None, keys.RECLAIMED_AT: None, keys.VERDICT: None, keys.EVIDENCE: None},
+            resource_version=meta.get("resourceVersion"),
+            current=obj,
+        )
+    except WouldMutate:
+        # The dry-run shows Kueue's webhook adding queue-name (the namespace got a LocalQueue
+        # `default` after the reclaim; at 0 ready replicas Kueue accepts that write): leave the
+        # metadata alone and only scale back. The record stays (a second restore scales to the same
+        # count again); it cannot be cleared without rolling the workload into Kueue.
+        note = f" ({keys.RECLAIMED_FROM} left in place: clearing it would make Kueue add queue-name)"
     try:
         await cluster.scale(ref, replicas)
     except Exception:
         # The scale did not land (e.g. the apiserver answered 429/500): put the count back, or the
         # workload would stay at 0 with nothing left to restore it from (found by issue 7's faults).
-        await cluster.patch_annotations(ref, {keys.RECLAIMED_FROM: raw})
+        if not note:
+            await cluster.patch_annotations(ref, {keys.RECLAIMED_FROM: raw})
         raise
     await cluster.event(
-        obj, reason="Restored", message=f"ghostgpu restore: scaled {ref.short} back to {replicas} replicas"
+        obj,
+        reason="Restored",
+        message=f"ghostgpu restore: scaled {ref.short} back to {replicas} replicas{note}",
     )
     return Restored(ref, replicas)
 

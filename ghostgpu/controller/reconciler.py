@@ -405,17 +405,19 @@ class Reconciler:
             outcome = await self.evict(wl, pods, verdict)
         elif p.action == "escalate" and st.escalated_for != verdict.kind and p.decision is not None:
             st.escalated_for = verdict.kind
-            outcome = await self._escalate(wl, verdict, p)
+            outcome = await self._escalate(wl, pods, verdict, p)
         if verdict.kind not in RECLAIMABLE_KINDS:
             st.escalated_for = st.blocked_for = None
         return outcome
 
     async def _annotate(self, wl: Workload, pods: Sequence[PodView], annotations: Mapping[str, str]) -> None:
         try:
-            await self.cluster.patch_annotations(wl.ref, annotations)
+            await self.cluster.patch_annotations(wl.ref, annotations, current=wl.raw)
         except AdmissionDenied as exc:
             # The workload cannot be written (Kueue's LocalQueue-default webhook on a pre-existing
-            # Deployment); its pods can, and status/report/failover read them from there.
+            # Deployment refuses it, or, at 0 ready replicas, would accept it and add queue-name:
+            # kube.WouldMutate, seen by a dry-run); its pods can, and status/report/failover read
+            # them from there.
             self.metrics.write_fallbacks.labels(wl.ref.namespace).inc()
             log.warning(
                 "workload not writable, annotating its pods",
@@ -447,6 +449,7 @@ class Reconciler:
                     keys.RECLAIMED_AT: datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
                 },
                 resource_version=meta.get("resourceVersion"),
+                current=fresh,
             )
         except Conflict:
             return "conflict"  # the object changed since we read it: judge again next poll
@@ -557,13 +560,14 @@ class Reconciler:
         st.blocked_for = verdict.kind
         return True
 
-    async def _escalate(self, wl: Workload, verdict: Verdict, p: Plan) -> str:
+    async def _escalate(self, wl: Workload, pods: Sequence[PodView], verdict: Verdict, p: Plan) -> str:
         from ghostgpu.escalation import annotation_value
 
         assert p.decision is not None
         self.metrics.escalations.labels(wl.ref.namespace, p.decision.action).inc()
         now = datetime.now(UTC)
-        await self.cluster.patch_annotations(wl.ref, {keys.ESCALATED: annotation_value(p.decision, now=now)})
+        # Like the verdict: on the pods when the workload cannot (or must not) be written.
+        await self._annotate(wl, pods, {keys.ESCALATED: annotation_value(p.decision, now=now)})
         await self.cluster.event(
             wl.raw,
             reason="ReclaimEscalated",

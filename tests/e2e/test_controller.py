@@ -758,3 +758,103 @@ def test_unwritable_deployment_is_reclaimed_via_the_ledger_and_restored(
         kube.delete("apps/v1", "Deployment", "legacy-ghost", ns)
         kube.delete("kueue.x-k8s.io/v1beta2", "ClusterQueue", f"cq-{uid}")
         kube.delete("kueue.x-k8s.io/v1beta2", "ResourceFlavor", f"rf-{uid}")
+
+
+def test_verdict_on_a_deployment_with_no_ready_replicas_never_adds_queue_name(
+    devcluster: DevCluster,
+    make_namespace: Callable[..., str],
+    process_tables: ProcessTables,
+    dcgm: FakeDcgmClient,
+    prometheus_url: str,
+    tmp_path: Path,
+) -> None:
+    """A namespace with a LocalQueue `default` and a pre-existing Deployment whose pod runs but is
+    not ready (a crash-looping zombie): Kueue's Deployment webhook would *accept* a metadata write
+    at 0 ready replicas and add queue-name to it (and Kueue's labels to its pod template). The
+    controller's dry-run sees that, writes nothing to the Deployment and records the verdict on
+    the pod instead."""
+    kube = devcluster.kube
+    uid = uuid.uuid4().hex[:6]
+    kube.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": LEASE_NS}})
+    ns = make_namespace({}, prefix="unready")
+    sc = Scenario(devcluster, ns, process_tables, dcgm)
+    name = "unready-ghost"
+    kube.apply(deployment(name, ns))
+    sc.pods[name] = pod = wait_for(lambda: sc.running_pod(name), 90, f"{name} running")
+    # kwok made the pod Ready once (its stage matches Pending pods only): take that back.
+    raw = sc.core.api_client.sanitize_for_serialization(sc.core.read_namespaced_pod(pod, ns))
+    for cond in raw["status"].get("conditions") or []:
+        if cond["type"] in ("Ready", "ContainersReady"):
+            cond["status"] = "False"
+    for cs in raw["status"].get("containerStatuses") or []:
+        cs["ready"] = False
+    sc.core.replace_namespaced_pod_status(pod, ns, raw)
+    wait_for(lambda: (sc.read(name).status.ready_replicas or 0) == 0, 60, f"{name} at 0 ready replicas")
+    opt_in(devcluster, ns)
+    gpu_toleration = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+    kube.apply(
+        {
+            "apiVersion": "kueue.x-k8s.io/v1beta2",
+            "kind": "ResourceFlavor",
+            "metadata": {"name": f"rf-{uid}"},
+            "spec": {"nodeLabels": H100, "tolerations": gpu_toleration},
+        }
+    )
+    quota = {"name": f"rf-{uid}", "resources": [{"name": "nvidia.com/gpu", "nominalQuota": 8}]}
+    kube.apply(
+        {
+            "apiVersion": "kueue.x-k8s.io/v1beta2",
+            "kind": "ClusterQueue",
+            "metadata": {"name": f"cq-{uid}"},
+            "spec": {
+                "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns}},
+                "resourceGroups": [{"coveredResources": ["nvidia.com/gpu"], "flavors": [quota]}],
+            },
+        }
+    )
+    kube.apply(
+        {
+            "apiVersion": "kueue.x-k8s.io/v1beta2",
+            "kind": "LocalQueue",
+            "metadata": {"name": "default", "namespace": ns},
+            "spec": {"clusterQueue": f"cq-{uid}"},
+        }
+    )
+
+    def annotate_would_add_queue_name() -> bool:
+        dry = sc.apps.patch_namespaced_deployment(  # dry run: admission runs, nothing is stored
+            name, ns, {"metadata": {"annotations": {"probe": "1"}}}, dry_run="All"
+        )
+        return (dry.metadata.labels or {}).get(QUEUE_LABEL) == "default"
+
+    # The bug's precondition: a plain annotation write would be accepted and roll it into Kueue.
+    wait_for(annotate_would_add_queue_name, 30, f"Kueue's webhook to default queue-name on {name}")
+    generation = sc.read(name).metadata.generation
+    process_tables.set(ns, pod, FINISHED)
+    dcgm.set(ns, pod, util=0.0)
+    controller = Controller(
+        devcluster.kubeconfig, controller_config(tmp_path, prometheus_url, "shadow"), tmp_path, "shadow"
+    )
+    try:
+        controller.wait_polls(WINDOW + 2)
+
+        def pod_verdict() -> str | None:
+            annotations = sc.core.read_namespaced_pod(pod, ns).metadata.annotations or {}
+            return annotations.get("ghostgpu.io/verdict")
+
+        wait_for(lambda: pod_verdict() == "FINISHED_IDLE", 60, "the verdict recorded on the pod")
+        controller.wait_polls(2)
+        deployed = sc.read(name)
+        assert QUEUE_LABEL not in (deployed.metadata.labels or {}), "ghostgpu never adds queue-name"
+        assert not any(k.startswith("kueue.x-k8s.io/") for k in deployed.spec.template.metadata.labels or {})
+        assert deployed.metadata.generation == generation, "the pod template is unchanged"
+        assert "ghostgpu.io/verdict" not in (deployed.metadata.annotations or {})
+        assert (deployed.status.ready_replicas or 0) == 0, "still the 0-ready case"
+        assert controller.metric("ghostgpu_annotation_fallbacks_total") >= 1
+        assert sc.events(name, "WouldReclaim") == 1
+    finally:
+        controller.stop()
+        kube.delete("kueue.x-k8s.io/v1beta2", "LocalQueue", "default", ns)
+        kube.delete("apps/v1", "Deployment", name, ns)
+        kube.delete("kueue.x-k8s.io/v1beta2", "ClusterQueue", f"cq-{uid}")
+        kube.delete("kueue.x-k8s.io/v1beta2", "ResourceFlavor", f"rf-{uid}")

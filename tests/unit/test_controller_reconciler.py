@@ -20,7 +20,7 @@ import pytest
 from ghostgpu.config import ControllerConfig
 from ghostgpu.controller.decisions import DecisionLog, parse_lines, summarize
 from ghostgpu.controller.inventory import WorkloadRef, gpu_predicate, pod_view, workload_from
-from ghostgpu.controller.kube import AdmissionDenied, Conflict, NotFound
+from ghostgpu.controller.kube import AdmissionDenied, Conflict, NotFound, WouldMutate
 from ghostgpu.controller.ledger import LedgerEntry, ReplicaLedger, ledger_key
 from ghostgpu.controller.metrics import ControllerMetrics
 from ghostgpu.controller.reconciler import Reconciler, Snapshot
@@ -90,6 +90,10 @@ class FakeCluster:
         self.events: list[tuple[str, str]] = []
         self.conflict_on: set[str] = set()
         self.deny: set[str] = set()
+        # workloads whose write the dry-run shows Kueue mutating (0 ready replicas, LocalQueue
+        # `default`): kube.Cluster raises WouldMutate before writing anything
+        self.would_mutate: set[str] = set()
+        self.currents: list[tuple[WorkloadRef, bool]] = []  # (ref, the caller passed `current`)
         self.pdb_protected: set[str] = set()
         self.pods: list[dict] = []
         self.pod_annotations: dict[str, dict[str, str]] = {}
@@ -141,8 +145,9 @@ class FakeCluster:
         return await self.get_configmap(*key)  # type: ignore[return-value]
 
     async def patch_annotations(
-        self, ref: WorkloadRef, ann: Mapping[str, str | None], *, resource_version=None
+        self, ref: WorkloadRef, ann: Mapping[str, str | None], *, resource_version=None, current=None
     ):
+        self.currents.append((ref, current is not None))
         if ref.kind == "Pod":
             self.pod_annotations.setdefault(ref.name, {}).update(ann)  # type: ignore[arg-type]
             for pod in self.pods:  # what the pod watch would deliver
@@ -151,6 +156,8 @@ class FakeCluster:
             return {}
         if ref.name in self.deny:
             raise AdmissionDenied('admission webhook "vdeployment.kb.io" denied the request')
+        if ref.name in self.would_mutate:
+            raise WouldMutate(f"{ref}: the admission chain would change metadata.labels[queue-name]")
         if resource_version and ref.name in self.conflict_on:
             raise Conflict(str(ref))
         self.patches.append((ref, dict(ann), resource_version))
@@ -711,3 +718,56 @@ async def test_bare_pod_eviction_and_pdb_block(tmp_path: Path) -> None:
         "EvictionBlocked"
     ]
     assert h.cluster.scaled == [], "a bare pod is never scaled or deleted, only evicted"
+
+
+async def test_kueue_would_mutate_the_workload_so_verdicts_go_to_pods_and_the_count_to_the_ledger(
+    tmp_path: Path,
+) -> None:
+    """At 0 ready replicas Kueue's webhook would accept a metadata write and add queue-name: the
+    dry-run in kube.Cluster sees it (WouldMutate) and nothing reaches the workload; the fallback is
+    the refused write's (pods, ledger). A workload whose dry-run is clean is written as before."""
+    h = Harness(tmp_path, mode="enforce")
+    h.add("unready", table=ZOMBIE)
+    h.add("writable", table=ZOMBIE)
+    h.cluster.would_mutate.add("unready")
+    await h.polls(5)
+    unready = WorkloadRef("Deployment", NS, "unready")
+    assert not [r for r, _, _ in h.cluster.patches if r == unready], "never written"
+    assert not h.objects[unready]["metadata"]["annotations"]
+    assert h.cluster.pod_annotations["unready-abc12-xyz"]["ghostgpu.io/verdict"] == "ZOMBIE_CRASHED"
+    assert "writable-abc12-xyz" not in h.cluster.pod_annotations
+    assert h.verdict("writable") == "ZOMBIE_CRASHED"
+    assert sorted(r.name for r, n in h.cluster.scaled) == ["unready", "writable"]
+    assert list(ledger_data(h)) == [ledger_key(unready)]
+    assert h.metrics.write_fallbacks.labels(NS)._value.get() >= 2
+    # every workload write handed the dry-run its copy of the object (no extra GET)
+    assert all(given for ref, given in h.cluster.currents if ref.kind == "Deployment")
+
+
+async def test_escalation_annotation_falls_back_to_the_pods_too(tmp_path: Path) -> None:
+    h = Harness(tmp_path, mode="enforce", autonomy={"tau": 0.0})
+    h.add("done", table=FINISHED)
+    h.cluster.would_mutate.add("done")
+    await h.polls(6)
+    assert h.escalations == ["done"] and h.cluster.scaled == []
+    assert not h.objects[WorkloadRef("Deployment", NS, "done")]["metadata"]["annotations"]
+    pod = h.cluster.pod_annotations["done-abc12-xyz"]
+    assert json.loads(pod["ghostgpu.io/escalated"])["action"] == "scale_to_zero"
+
+
+async def test_restore_leaves_the_metadata_alone_when_kueue_would_mutate_it(tmp_path: Path) -> None:
+    from ghostgpu.controller.ops import restore_workload
+
+    h = Harness(tmp_path, mode="enforce")
+    h.add("done", table=FINISHED)
+    await h.polls(4)
+    ref = WorkloadRef("Deployment", NS, "done")
+    assert h.replicas("done") == 0
+    assert h.objects[ref]["metadata"]["annotations"]["ghostgpu.io/reclaimed-from-replicas"] == "1"
+    # a LocalQueue `default` appeared since: clearing the record would make Kueue add queue-name
+    h.cluster.would_mutate.add("done")
+    patches = len(h.cluster.patches)
+    done = await restore_workload(h.cluster, ref, ReplicaLedger(h.cluster, LEDGER[0]))  # type: ignore[arg-type]
+    assert done.replicas == 1 and h.replicas("done") == 1
+    assert len(h.cluster.patches) == patches, "no metadata write"
+    assert ("done", "Restored") in h.cluster.events
