@@ -135,6 +135,19 @@ def _first_gpu_container(containers: Iterable[Mapping[str, Any]], is_gpu: GpuPre
     return None
 
 
+# What signals/faults.py reads of a container status; image, imageID, containerID, ... are dropped
+# as the pod arrives (every pod in the cluster is cached).
+_STATUS_KEYS = ("name", "restartCount", "state", "lastState")
+
+
+def _slim_statuses(statuses: Any) -> Any:
+    if not isinstance(statuses, list):
+        return statuses or []  # malformed: kept as is, fault_observation reports PARSE_ERROR
+    return [
+        {k: cs[k] for k in _STATUS_KEYS if k in cs} if isinstance(cs, Mapping) else cs for cs in statuses
+    ]
+
+
 def pod_view(obj: Mapping[str, Any], is_gpu: GpuPredicate) -> PodView:
     meta = obj.get("metadata") or {}
     spec = obj.get("spec") or {}
@@ -156,8 +169,8 @@ def pod_view(obj: Mapping[str, Any], is_gpu: GpuPredicate) -> PodView:
         gpu_container=_first_gpu_container(containers, is_gpu),
         first_container=str(containers[0].get("name", "")),
         status={
-            "containerStatuses": status.get("containerStatuses") or [],
-            "initContainerStatuses": status.get("initContainerStatuses") or [],
+            "containerStatuses": _slim_statuses(status.get("containerStatuses")),
+            "initContainerStatuses": _slim_statuses(status.get("initContainerStatuses")),
         },
         annotations={
             k: v for k, v in (meta.get("annotations") or {}).items() if k.startswith("ghostgpu.io/")
@@ -178,18 +191,33 @@ def workload_from(kind: str, obj: Mapping[str, Any], is_gpu: GpuPredicate) -> Wo
         selector = spec.get("selector") or {}
         vcts = len(spec.get("volumeClaimTemplates") or [])
     pvcs = sum(1 for v in pod_spec.get("volumes") or [] if "persistentVolumeClaim" in v)
+    annotations = dict(meta.get("annotations") or {})
     return Workload(
         ref=WorkloadRef(kind, meta.get("namespace", ""), meta.get("name", "")),
         uid=meta.get("uid", ""),
         labels=dict(meta.get("labels") or {}),
-        annotations=dict(meta.get("annotations") or {}),
+        annotations=annotations,
         created_at=parse_time(meta.get("creationTimestamp")),
         replicas=replicas,
         selector=selector,
         volumes=pvcs + vcts,
         gpus_per_pod=_gpu_requests(pod_spec.get("containers") or [], is_gpu),
-        raw=obj,
+        raw=slim_raw(obj, annotations),
     )
+
+
+def slim_raw(obj: Mapping[str, Any], annotations: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """The parts of a workload object the controller reads later, as soon as it arrives: every
+    tracked object is cached, and `managedFields` and `status` are most of its size (~22 KB per
+    pod at N = 10,000, docs/scale.md) yet never read. Kept: apiVersion/kind (Events'
+    involvedObject), metadata minus managedFields (name, namespace, uid, resourceVersion for
+    Events; ownerReferences for the bare-pod filter; the rest for the risk score's manifest size,
+    planner.manifest_lines, which drops status and managedFields itself) and spec (risk score)."""
+    meta = dict(obj.get("metadata") or {})
+    meta.pop("managedFields", None)
+    if annotations is not None and "annotations" in meta:
+        meta["annotations"] = annotations  # one dict shared with Workload.annotations
+    return {k: (meta if k == "metadata" else v) for k, v in obj.items() if k != "status"}
 
 
 def selector_matches(selector: Mapping[str, Any] | None, labels: Mapping[str, str]) -> bool:

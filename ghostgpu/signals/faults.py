@@ -70,4 +70,10 @@ def fault_observation(
             restarts.extend(restarts_from_pod_status(status))
     except (ValueError, TypeError, AttributeError) as exc:
         return SignalFailure(reason=FailureReason.PARSE_ERROR, detail=f"pod status: {exc}"[:200])
-    return FaultEvidence(xid_events=tuple(xids), restarts=tuple(restarts))
+    xid_events = tuple(xids)
+    if not xid_events and not restarts:
+        return _NO_FAULTS  # the common case; frozen, so one shared instance is safe
+    return FaultEvidence(xid_events=xid_events, restarts=tuple(restarts))
+
+
+_NO_FAULTS = FaultEvidence()
