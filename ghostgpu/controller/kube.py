@@ -79,9 +79,10 @@ def _kueue_keys(m: Any) -> dict[str, Any]:
 def admission_changes(before: Mapping[str, Any], after: Mapping[str, Any]) -> list[str]:
     """What an annotation-only patch would change beyond our annotations, as far as Kueue is
     concerned: `kueue.x-k8s.io/*` labels (queue-name, managed, priority class) and annotations on the
-    object and on its pod template, and the generation (any pod-template change bumps it). `before`
-    may be a watch-cache copy: a stale one can only produce a false alarm (a fallback), never hide
-    Kueue's change, since a tracked workload carries no queue-name to begin with."""
+    object and on its pod template, and any other change of the pod template (when `before` has
+    one). Not the generation: a Deployment's is bumped by annotation changes too. `before` may be a
+    watch-cache copy: a stale one can only produce a false alarm (a fallback), never hide Kueue's
+    change, since a tracked workload carries no queue-name to begin with."""
     changes: list[str] = []
     bmeta, ameta = before.get("metadata") or {}, after.get("metadata") or {}
     btpl = ((before.get("spec") or {}).get("template") or {}).get("metadata") or {}
@@ -98,9 +99,9 @@ def admission_changes(before: Mapping[str, Any], after: Mapping[str, Any]) -> li
             for k in sorted(bk.keys() | ak.keys())
             if bk.get(k) != ak.get(k)
         ]
-    bgen, agen = bmeta.get("generation"), ameta.get("generation")
-    if bgen is not None and agen is not None and bgen != agen:
-        changes.append(f"metadata.generation: {bgen} -> {agen} (the spec would change)")
+    bt, at = (before.get("spec") or {}).get("template"), (after.get("spec") or {}).get("template")
+    if bt is not None and at is not None and bt != at:
+        changes.append("spec.template (the pod template would change)")
     return changes
 
 
