@@ -181,13 +181,16 @@ def report(
         )
 
 
+LedgerConfigOpt = typer.Option(
+    None, "--config", "-c", help="ghostgpu.yaml or the controller section: where the replica ledger is."
+)
+
+
 def restore(
     target: str = typer.Argument(..., help="KIND/NAME, e.g. deployment/notebook-7"),
     namespace: str = typer.Option(..., "--namespace", "-n"),
     kubeconfig: str | None = KubeconfigOpt,
-    config: Path | None = typer.Option(
-        None, "--config", "-c", help="ghostgpu.yaml or the controller section: where the replica ledger is."
-    ),
+    config: Path | None = LedgerConfigOpt,
 ) -> None:
     """Scale a reclaimed Deployment/StatefulSet back to its recorded replica count (the
     `ghostgpu.io/reclaimed-from-replicas` annotation, else the controller's replica ledger)."""

@@ -6,11 +6,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from ghostgpu.config import ControllerConfig
 from ghostgpu.controller import keys
 from ghostgpu.controller.accounting import FlavorAccount, FlavorSpec, node_flavor
 from ghostgpu.controller.app import LoadedConfig, _kube_api, _slim_node, discover_flavors
 from ghostgpu.controller.inventory import WorkloadRef, gpu_predicate, pod_view, workload_from
-from ghostgpu.config import ControllerConfig
 from ghostgpu.controller.kube import (
     CLUSTERQUEUES,
     DEPLOYMENTS,
@@ -150,7 +150,10 @@ async def _restore_from_ledger(
     await cluster.event(
         obj,
         reason="Restored",
-        message=f"ghostgpu restore: scaled {ref.short} back to {entry.replicas} replicas (from the replica ledger)",
+        message=(
+            f"ghostgpu restore: scaled {ref.short} back to {entry.replicas} replicas"
+            " (from the replica ledger)"
+        ),
     )
     return Restored(ref, entry.replicas)
 
