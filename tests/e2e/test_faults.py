@@ -355,6 +355,12 @@ class Harness:
         for name, truth in FLEET.items():
             if not (truth.reclaimable and self.replicas(name) == 0):
                 continue
+            # A person restores a reclaimed workload after its pods are gone; restoring while the
+            # old pods still run keeps them, and the controller then waits for those pods to go
+            # before it judges the workload again (reported to the controller's owner).
+            gone_by = time.monotonic() + 60
+            while name in set(self._pods().values()) and time.monotonic() < gone_by:
+                await asyncio.sleep(0.3)
             for _attempt in range(20):  # the scale webhook may deny the restore's scale call too
                 try:
                     restored = await restore(
