@@ -17,9 +17,11 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -858,3 +860,111 @@ def test_verdict_on_a_deployment_with_no_ready_replicas_never_adds_queue_name(
         kube.delete("apps/v1", "Deployment", name, ns)
         kube.delete("kueue.x-k8s.io/v1beta2", "ClusterQueue", f"cq-{uid}")
         kube.delete("kueue.x-k8s.io/v1beta2", "ResourceFlavor", f"rf-{uid}")
+
+
+def test_risk_gate_scales_the_cheap_reclaim_and_escalates_the_dear_one(
+    devcluster: DevCluster,
+    make_namespace: Callable[..., str],
+    process_tables: ProcessTables,
+    dcgm: FakeDcgmClient,
+    prometheus_url: str,
+    tmp_path: Path,
+) -> None:
+    """Issue 6, enforce mode with the default tau: two FINISHED_IDLE workloads. Scaling a 1-GPU
+    Deployment to 0 scores below tau and is done alone (with its replica record); evicting a bare
+    Pod (not recreated) scores above it and is escalated instead: the pod stays, an Event
+    `ReclaimEscalated` and the annotation `ghostgpu.io/escalated` say why, and a local
+    Alertmanager-compatible receiver gets a v2 POST naming the pod."""
+    kube = devcluster.kube
+    kube.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": LEASE_NS}})
+    ns = make_namespace({}, prefix="gate")  # opted in once the workloads run
+    sc = Scenario(devcluster, ns, process_tables, dcgm)
+    cheap, dear = "finished-a", "finished-pod"  # a Deployment; a bare Pod (Scenario.BARE)
+    kube.apply(deployment(cheap, ns))
+    template = deployment(dear, ns)["spec"]["template"]
+    pod_meta = {"name": dear, "namespace": ns, "labels": template["metadata"]["labels"]}
+    kube.apply({"apiVersion": "v1", "kind": "Pod", "metadata": pod_meta, "spec": template["spec"]})
+
+    received: list[tuple[str, Any]] = []
+
+    class Receiver(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            received.append((self.path, json.loads(body)))
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    receiver = ThreadingHTTPServer(("127.0.0.1", 0), Receiver)
+    threading.Thread(target=receiver.serve_forever, daemon=True).start()
+    controller: Controller | None = None
+    try:
+        for name in (cheap, dear):
+            sc.pods[name] = wait_for(lambda n=name: sc.running_pod(n), 90, f"pod of {name} running")
+        opt_in(devcluster, ns)
+        for name in (cheap, dear):
+            process_tables.set(ns, sc.pods[name], FINISHED)
+            dcgm.set(ns, sc.pods[name], util=0.0)
+        config = controller_config(tmp_path, prometheus_url, "enforce")
+        cfg = yaml.safe_load(config.read_text())
+        # The default tau (no override), and the webhook pointing at the local receiver.
+        webhook = f"http://127.0.0.1:{receiver.server_address[1]}/api/v2/alerts"
+        cfg["controller"]["autonomy"] = {"escalation": {"webhookUrl": webhook}}
+        config.write_text(yaml.safe_dump(cfg))
+        controller = Controller(devcluster.kubeconfig, config, tmp_path, "gate")
+        controller.wait_polls(WINDOW)
+
+        # (a) below tau: scaled to 0, with the replica record, alone.
+        wait_for(lambda: sc.replicas(cheap) == 0, 60, f"{cheap} scaled to 0")
+        # (b) above tau: escalated, with the webhook received.
+        wait_for(lambda: sc.events(dear, "ReclaimEscalated") >= 1, 60, f"{dear} escalated")
+        wait_for(lambda: received, 30, "the Alertmanager POST")
+        controller.wait_polls(3)  # more polls: the escalation is not repeated, the pod not touched
+
+        assert sc.annotations(cheap)["ghostgpu.io/reclaimed-from-replicas"] == "1"
+        assert sc.events(cheap, "Reclaimed") == 1
+        assert sc.events(cheap, "ReclaimEscalated") == 0
+        assert "ghostgpu.io/escalated" not in sc.annotations(cheap)
+
+        assert sc.replicas(dear) == 1, "the escalated pod is still there, not being deleted"
+        assert sc.running_pod(dear) == dear
+        assert sc.events(dear, "Reclaimed") == 0 and sc.events(dear, "ReclaimEscalated") == 1
+        assert sc.verdict(dear) == "FINISHED_IDLE"
+        escalated = json.loads(sc.annotations(dear)["ghostgpu.io/escalated"])
+        assert escalated["action"] == "evict_pod", escalated
+        assert escalated["score"] >= escalated["tau"], escalated  # the gate's own numbers
+        assert escalated["tauSource"] == "tau (global)", "the default tau, no per-type entry"
+        evs = sc.core.list_namespaced_event(ns, field_selector=f"involvedObject.name={dear}").items
+        (message,) = [e.message for e in evs if e.reason == "ReclaimEscalated"]
+        assert message.startswith("FINISHED_IDLE: score ") and ">= tau (global)" in message, message
+        assert "escalated to a person" in message
+
+        assert len(received) == 1, received
+        path, alerts = received[0]
+        assert path == "/api/v2/alerts"
+        (alert,) = alerts
+        labels = alert["labels"]
+        assert labels["alertname"] == "GhostGPUActionEscalated"
+        assert (labels["kind"], labels["name"], labels["namespace"]) == ("Pod", dear, ns)
+        assert labels["action"] == "evict_pod" and labels["verdict"] == "FINISHED_IDLE"
+        assert float(alert["annotations"]["score"]) >= float(alert["annotations"]["tau"])
+        assert alert["startsAt"].endswith("Z")
+
+        # The decision log ("none" before the window fills): one reclaim alone, one escalated.
+        actions: dict[str, set[str]] = {}
+        for line in controller.decisions.read_text().splitlines():
+            d = json.loads(line)
+            actions.setdefault(d["workload"].rsplit("/", 1)[-1], set()).add(d["action"])
+        assert actions[cheap] - {"none"} == {"scale-to-zero"}, actions
+        assert actions[dear] - {"none"} == {"escalate"}, actions
+        assert controller.metric("ghostgpu_reclaims_total") == 1
+        assert controller.metric("ghostgpu_escalations_total") == 1
+    finally:
+        if controller is not None:
+            controller.stop()
+        receiver.shutdown()
+        receiver.server_close()
+        for name in sc.pods.values():
+            process_tables.clear(ns, name)
