@@ -75,6 +75,11 @@ from ghostgpu.verdict import (
 
 log = logging.getLogger("ghostgpu.controller")
 
+# How long a workload this process scaled to zero waits for the watch cache to show its old pods
+# gone before it is judged again (a scale-down reaches the cache within seconds; pods terminate
+# within their grace period, 30 s by default).
+RECLAIM_SETTLE_SECONDS = 300.0
+
 
 @dataclass
 class Snapshot:
@@ -132,7 +137,10 @@ class Reconciler:
         # workload is not judged again (a stale poll would exec into a dying pod and write an UNKNOWN
         # verdict onto a workload at zero ready replicas, which Kueue's webhook then accepts and
         # labels with queue-name).
-        self.reclaimed_pods: dict[WorkloadRef, frozenset[str]] = {}
+        # The skip is bounded (RECLAIM_SETTLE_SECONDS): old pods still running after that mean a
+        # person restored the workload before the scale-down reached them; it is judged again (the
+        # dry-run guard in kube.py still keeps any write from adding queue-name).
+        self.reclaimed_pods: dict[WorkloadRef, tuple[frozenset[str], float]] = {}
         self.cfg = cfg
         self.policy = policy_from_config(cfg)
         self.cluster = cluster
@@ -196,13 +204,14 @@ class Reconciler:
                 result.states["reclaimed" if self.reclaimed_from(wl) is not None else "no-running-pod"] += 1
                 st.reset_window()
                 continue
-            gone = self.reclaimed_pods.get(ref)
-            if gone is not None:
-                if gone & {p.uid for p in running}:
+            reclaimed = self.reclaimed_pods.get(ref)
+            if reclaimed is not None:
+                gone, at = reclaimed
+                if gone & {p.uid for p in running} and now - at < RECLAIM_SETTLE_SECONDS:
                     result.states["reclaimed"] += 1  # the cache has not seen the scale-down yet
                     st.reset_window()
                     continue
-                del self.reclaimed_pods[ref]  # new pods: restored (or scaled up by a person)
+                del self.reclaimed_pods[ref]  # new pods (restored, or scaled up by a person) or settled
             starts = [p.started_at.timestamp() for p in running if p.started_at]
             if wl.created_at:
                 starts.append(wl.created_at.timestamp())
@@ -400,7 +409,7 @@ class Reconciler:
         if p.action == "scale-to-zero":
             outcome = await self.scale_to_zero(wl, verdict)
             if outcome == "scaled-to-zero":
-                self.reclaimed_pods[ref] = frozenset(pod.uid for pod in pods)
+                self.reclaimed_pods[ref] = (frozenset(pod.uid for pod in pods), self.clock())
         elif p.action == "evict":
             outcome = await self.evict(wl, pods, verdict)
         elif p.action == "escalate" and st.escalated_for != verdict.kind and p.decision is not None:

@@ -23,7 +23,7 @@ from ghostgpu.controller.inventory import WorkloadRef, gpu_predicate, pod_view, 
 from ghostgpu.controller.kube import AdmissionDenied, Conflict, NotFound, WouldMutate
 from ghostgpu.controller.ledger import LedgerEntry, ReplicaLedger, ledger_key
 from ghostgpu.controller.metrics import ControllerMetrics
-from ghostgpu.controller.reconciler import Reconciler, Snapshot
+from ghostgpu.controller.reconciler import RECLAIM_SETTLE_SECONDS, Reconciler, Snapshot
 from ghostgpu.signals.artifacts import FileArtifactProbe, Measurement
 from ghostgpu.signals.podexec import ExecFailed, ExecResult, PodRef
 from ghostgpu.signals.processes import ProcessSource
@@ -572,6 +572,12 @@ async def test_unwritable_workload_records_on_pods_and_scales_via_the_ledger(tmp
     assert h.metrics.gpu_hours_recovered.labels(NS, "all")._value.get() == pytest.approx(
         5 * 2 * 2 * 60 / 3600
     )
+    # the skip is bounded: old pods still running long after the reclaim (a person restored it
+    # before the scale-down reached them) are judged again instead of being ignored forever
+    # (the stale poll above, right after the reclaim, was skipped)
+    h.clock += RECLAIM_SETTLE_SECONDS
+    result = await h.rec.poll_once(stale)
+    assert [r.name for r in result.judged] == ["legacy"]
 
 
 async def test_ledger_write_retries_on_conflict_and_blocks_when_impossible(tmp_path: Path) -> None:
