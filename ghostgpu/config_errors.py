@@ -48,10 +48,16 @@ class ConfigError(Exception):
         return "\n".join(self.lines())
 
 
+# Longer keys are shortened in messages: an error names the key, it does not echo a huge one back.
+MAX_KEY_IN_MESSAGE = 80
+
+
 def format_path(parts: Sequence[PathPart]) -> str:
     """('teams', 1, 'quota', 'h100') -> 'teams[1].quota.h100'; odd keys are quoted."""
     out = ""
     for part in parts:
+        if isinstance(part, str) and len(part) > MAX_KEY_IN_MESSAGE:
+            part = f"{part[:40]}…({len(part):,} characters)"
         if isinstance(part, int):
             out += f"[{part}]"
         elif part.replace("-", "").replace("_", "").isalnum():

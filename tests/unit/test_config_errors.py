@@ -220,6 +220,11 @@ def test_format_path(parts: tuple[str | int, ...], text: str) -> None:
     assert format_path(parts) == text
 
 
+def test_format_path_shortens_a_huge_key() -> None:
+    text = format_path(("controller", "9" * 19_701))
+    assert text == 'controller["' + "9" * 40 + '…(19,701 characters)"]'
+
+
 def test_kueue_framework_names_are_checked() -> None:
     [line] = errors(
         GOOD + "kueue:\n  frameworks: [batch/job, pod, deployment, statefulset, kubeflow.org/pytorchjobs]\n"
