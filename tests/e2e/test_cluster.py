@@ -4,12 +4,12 @@ scripted process tables, and fake dcgm-exporter metrics scraped by the real Prom
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from typing import Any
 
 import httpx
 import pytest
 from kubernetes import client
+from polling import eventually
 
 from ghostgpu.devcluster import DevCluster, FakeDcgmClient, ProcessRow, ProcessTables
 from ghostgpu.devcluster.paths import read_versions
@@ -19,20 +19,6 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 
 def _core(dc: DevCluster) -> client.CoreV1Api:
     return client.CoreV1Api(dc.kube.api_client)
-
-
-def eventually(check: Callable[[], Any], timeout: float = 60, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        try:
-            last = check()
-            if last:
-                return last
-        except Exception as e:  # not there yet
-            last = e
-        time.sleep(0.5)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}; last: {last!r}")
 
 
 def gpu_pod(name: str, gpus: int = 1, resource: str = "nvidia.com/gpu") -> dict[str, Any]:

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 from kubernetes import client
+from polling import eventually
 
 from ghostgpu.devcluster import DevCluster
 
@@ -17,20 +18,6 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 
 TRACKED = "ghostgpu.io/tracked"
 QUEUE = "kueue.x-k8s.io/queue-name"
-
-
-def eventually(check: Callable[[], Any], timeout: float = 60, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        try:
-            last = check()
-            if last:
-                return last
-        except Exception as e:  # not there yet
-            last = e
-        time.sleep(0.5)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}; last: {last!r}")
 
 
 @pytest.fixture(autouse=True)
