@@ -1,21 +1,44 @@
 """The decision log and `ghostgpu report`.
 
-Where history lives: the acting replica (the leader) appends one JSON line per judged workload per
-poll to `--decision-log` (default /var/lib/ghostgpu/decisions.jsonl; mount a volume to keep it
-across restarts) and serves the same file at GET /decisions on its metrics port. `ghostgpu report`
-reads a file or that URL. Each line:
+Where history lives: the acting replica (the leader) writes `--decision-log` (default
+/var/lib/ghostgpu/decisions.jsonl; mount a volume to keep it across restarts) and serves the same file
+at GET /decisions on its metrics port. `ghostgpu report` reads a file or that URL.
 
-  {"ts": 1764410000.0, "poll": 17, "workload": "Deployment/ns/name", "verdict": "FINISHED_IDLE",
-   "reasons": [...], "gpus": 2, "mode": "shadow", "action": "would-reclaim", "intervalS": 60}
+The file is run-length JSONL. Once per poll the leader calls `DecisionLog.record_poll` with every
+judged workload's row and writes, in one write + fsync, a poll marker first and then only what changed:
 
-The report answers, from shadow history:
-- GPU-hours that would have been reclaimed: for every poll on which a workload was judged
-  reclaimable, its GPUs x the poll interval (the time they would have been free for others).
-- Misses: runs of polls on which a workload could not be judged (UNKNOWN: a signal failed or was
-  missing, so it was kept) and whether each run CLEARED on a later poll (a definite verdict came
-  back, naming it) or PERSISTED to the end of the history. A miss costs GPU-hours, never safety.
-- Reversals: a reclaimable verdict that a later poll contradicted (ACTIVE / IDLE_HELD). In enforce
-  mode that would have been a false reclaim; shadow history is where to find them before enabling it.
+  {"kind":"poll","ts":1764410000.0,"poll":17,"judged":10000,"changed":1,"left":1,"intervalS":60.0,
+   "fresh":false}
+  {"ts":1764410000.0,"poll":17,"workload":"Deployment/ns/name","verdict":"FINISHED_IDLE",
+   "reasons":[...],"gpus":2.0,"mode":"shadow","action":"would-reclaim","intervalS":60.0}
+  {"kind":"left","ts":1764410000.0,"poll":17,"workload":"Pod/ns/gone"}
+
+- A decision line (same fields as the older format) is written for a workload that is new or whose
+  (verdict, reasons, gpus, action, mode) changed; a workload without a line kept its row. It holds from
+  its ts until that workload's next decision line or `left` line, or the end of its segment.
+- `left`: judged on the previous poll, not on this one (deleted, reclaimed, in grace, opted out...).
+- `fresh: true`: the writer had no memory (process start, leadership regained, a skipped poll or a
+  failed write, a mode change). Every judged workload follows, and every run open before the marker
+  ended where the previous poll ended (its ts + intervalS). A poll number that is not the previous
+  marker's + 1 means the same. The end of the history is the last marker's ts + intervalS.
+- Rotation: past `max_bytes` the file moves to `<path>.1` (one generation kept) and the new file starts
+  with that poll's marker followed by EVERY tracked workload's row (state after that poll) marked
+  `"checkpoint": true`, so the new generation alone knows every run from that poll on. Read after the
+  older generation, a checkpoint row equal to the open run continues it (it is not a change).
+
+Decision lines that do not follow a marker of their own poll are the older one-line-per-poll format
+(`DecisionLog.append`, still supported): each holds for its own intervalS. The report reads both,
+including a mix (an old-format `.1` with a new current file).
+
+The report answers, from shadow history (per workload, its runs in time order):
+- GPU-hours that would have been reclaimed: gpus x time held, over runs with a reclaimable verdict
+  (the time the GPUs would have been free for others).
+- Misses: consecutive runs on which a workload could not be judged (UNKNOWN: a signal failed or was
+  missing, so it was kept), their polls (next poll - first poll), and whether the miss CLEARED on a
+  later poll (a definite verdict came back, naming it) or PERSISTED to the end of the history. A miss
+  costs GPU-hours, never safety.
+- Reversals: a reclaimable verdict that a later run contradicted (ACTIVE / IDLE_HELD). In enforce mode
+  that would have been a false reclaim; shadow history is where to find them before enabling it.
 """
 
 from __future__ import annotations
@@ -26,12 +49,15 @@ from collections import defaultdict
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeAlias
 
 from pydantic import BaseModel
 
 RECLAIMABLE = frozenset({"FINISHED_IDLE", "ZOMBIE_CRASHED"})
 LIVE = frozenset({"ACTIVE", "IDLE_HELD"})
+
+# workload, verdict, reasons, gpus, action: one judged workload on one poll (record_poll's input).
+DecisionRow: TypeAlias = tuple[str, str, tuple[str, ...], float, str]
 
 
 class Decision(BaseModel):
@@ -68,11 +94,64 @@ class Decision(BaseModel):
         return cls.model_validate(d)
 
 
+class Checkpoint(Decision):
+    """A row re-written at the top of a new generation: state, not a change."""
+
+
+@dataclass(frozen=True)
+class PollMark:
+    ts: float
+    poll: int
+    judged: int
+    interval_s: float
+    fresh: bool = False
+
+    @property
+    def end(self) -> tuple[float, int]:
+        """Where this poll's rows stop holding if nothing follows: (ts, first poll not covered)."""
+        return self.ts + self.interval_s, self.poll + 1
+
+
+@dataclass(frozen=True)
+class Left:
+    ts: float
+    poll: int
+    workload: str
+
+
+Record: TypeAlias = Decision | PollMark | Left
+
+
+def _row_line(
+    ts: float, poll: int, row: DecisionRow, mode: str, interval_s: float, *, checkpoint: bool
+) -> str:
+    # Byte-identical to Decision(...).line() (floats where the model coerces), minus pydantic.
+    workload, verdict, reasons, gpus, action = row
+    d: dict[str, Any] = {
+        "action": action,
+        "gpus": float(gpus),
+        "intervalS": interval_s,
+        "mode": mode,
+        "poll": poll,
+        "reasons": list(reasons),
+        "ts": ts,
+        "verdict": verdict,
+        "workload": workload,
+    }
+    if checkpoint:
+        d["checkpoint"] = True
+    return json.dumps(d, sort_keys=True, separators=(",", ":"))
+
+
+def _dumps(d: dict[str, Any]) -> str:
+    return json.dumps(d, sort_keys=True, separators=(",", ":"))
+
+
 class DecisionLog:
     """Append-only JSONL writer (one write + fsync per poll: a crash loses at most that poll).
 
-    Bounded: past `max_bytes` the file is rotated to `<path>.1` (one generation kept), so a
-    1,000-workload fleet polled every minute (~200 MB/day) never fills the volume.
+    Bounded: past `max_bytes` the file is rotated to `<path>.1` (one generation kept). With
+    `record_poll` a stable fleet costs one marker line per poll, so 64 MiB holds weeks, not minutes.
     """
 
     def __init__(self, path: str | Path | None, *, max_bytes: int = 64 << 20) -> None:
@@ -80,20 +159,88 @@ class DecisionLog:
         self.max_bytes = max_bytes
         if self.path:
             self.path.parent.mkdir(parents=True, exist_ok=True)
+        # record_poll's memory: the last row written per workload, as of poll self._poll in self._mode.
+        self._held: dict[str, DecisionRow] = {}
+        self._poll: int | None = None
+        self._mode: str | None = None
 
     @property
     def rotated(self) -> Path | None:
         return self.path.with_name(self.path.name + ".1") if self.path else None
 
     def append(self, decisions: Iterable[Decision]) -> None:
+        """The older format: one line per decision, each holding for its own interval."""
         if not self.path:
             return
         text = "".join(d.line() + "\n" for d in decisions)
         if not text:
             return
-        if self.path.exists() and self.path.stat().st_size + len(text) > self.max_bytes:
-            assert self.rotated is not None
-            os.replace(self.path, self.rotated)
+        if self._full(len(text)):
+            self._rotate()
+        self._write(text)
+
+    def record_poll(
+        self, *, ts: float, poll: int, mode: str, interval_s: float, rows: Iterable[DecisionRow]
+    ) -> int:
+        """Record one poll: every judged workload's row, one row per workload.
+
+        Writes the poll marker, a decision line per new or changed row and a `left` line per workload
+        judged last poll but not now (or, when the file rotates, the marker, every row as a checkpoint
+        and the `left` lines). Returns the number of decision lines written (checkpoint rows included).
+        Unchanged rows cost a dict lookup and a tuple compare: no model, no JSON.
+        """
+        if not self.path:
+            return 0
+        # Without a memory that matches the file's last poll, diffing would silently continue runs
+        # that the file never saw (or that ended meanwhile): start a fresh segment instead.
+        fresh = self._poll is None or poll != self._poll + 1 or mode != self._mode
+        held = {} if fresh else self._held
+        seen: dict[str, DecisionRow] = {}
+        changed: list[DecisionRow] = []
+        found = 0  # rows whose workload was held: fewer than len(held) means some left
+        get = held.get
+        for row in rows:
+            seen[row[0]] = row
+            old = get(row[0])
+            if old is None:
+                changed.append(row)
+            else:
+                found += 1
+                if old != row:
+                    changed.append(row)
+        left = sorted(held.keys() - seen.keys()) if found < len(held) else []
+        ts, interval_s = float(ts), float(interval_s)  # as Decision.line() writes them
+        marker = {"kind": "poll", "ts": ts, "poll": poll, "judged": len(seen), "changed": len(changed),
+                  "left": len(left), "intervalS": interval_s, "fresh": fresh}  # fmt: skip
+        left_lines = [_dumps({"kind": "left", "ts": ts, "poll": poll, "workload": w}) for w in left]
+        lines = [_dumps(marker)]
+        lines += [_row_line(ts, poll, r, mode, interval_s, checkpoint=False) for r in changed]
+        text = "\n".join(lines + left_lines) + "\n"
+        written = len(changed)
+        if self._full(len(text)):
+            self._rotate()
+            lines = [_dumps(marker)]
+            lines += [_row_line(ts, poll, r, mode, interval_s, checkpoint=True) for r in seen.values()]
+            text = "\n".join(lines + left_lines) + "\n"
+            written = len(seen)
+        self._write(text)
+        # Only after a successful write: if it raised, the next poll is not poll + 1 and starts fresh.
+        self._held, self._poll, self._mode = seen, poll, mode
+        return written
+
+    def _full(self, incoming: int) -> bool:
+        assert self.path is not None
+        try:
+            return self.path.stat().st_size + incoming > self.max_bytes
+        except FileNotFoundError:
+            return False
+
+    def _rotate(self) -> None:
+        assert self.path is not None and self.rotated is not None
+        os.replace(self.path, self.rotated)
+
+    def _write(self, text: str) -> None:
+        assert self.path is not None
         with self.path.open("a", encoding="utf-8") as f:
             f.write(text)
             f.flush()
@@ -107,10 +254,34 @@ class DecisionLog:
         return b"".join(parts)
 
 
-def parse_lines(lines: Iterable[str]) -> Iterator[Decision]:
+def parse_record(line: str) -> Record | None:
+    """One line of either format; None for a `kind` this version does not know."""
+    d = json.loads(line)
+    kind = d.get("kind")
+    if kind is None:
+        cls = Checkpoint if d.pop("checkpoint", False) else Decision
+        if "intervalS" in d:
+            d["interval_s"] = d.pop("intervalS")
+        return cls.model_validate(d)
+    if kind == "poll":
+        return PollMark(
+            ts=float(d["ts"]),
+            poll=int(d["poll"]),
+            judged=int(d.get("judged", 0)),
+            interval_s=float(d.get("intervalS", 60.0)),
+            fresh=bool(d.get("fresh", False)),
+        )
+    if kind == "left":
+        return Left(ts=float(d["ts"]), poll=int(d["poll"]), workload=str(d["workload"]))
+    return None
+
+
+def parse_lines(lines: Iterable[str]) -> Iterator[Record]:
     for line in lines:
         if line.strip():
-            yield Decision.parse(line)
+            rec = parse_record(line)
+            if rec is not None:
+                yield rec
 
 
 @dataclass
@@ -164,34 +335,97 @@ class Report:
         }
 
 
-def _misses(name: str, history: list[Decision]) -> Iterator[Miss]:
+@dataclass(frozen=True)
+class _Run:
+    """One decision held for `polls` polls and `seconds` (an old-format line: 1 poll, its interval)."""
+
+    d: Decision
+    polls: int
+    seconds: float
+
+    @property
+    def gpu_seconds(self) -> float:
+        return self.d.gpus * self.seconds
+
+
+def _same_row(a: Decision, b: Decision) -> bool:
+    return (a.verdict, a.reasons, a.gpus, a.action, a.mode) == (
+        b.verdict, b.reasons, b.gpus, b.action, b.mode
+    )  # fmt: skip
+
+
+class _RunBuilder:
+    """Turns records (file order) into each workload's runs."""
+
+    def __init__(self) -> None:
+        self.runs: dict[str, list[_Run]] = defaultdict(list)
+        self.open: dict[str, Decision] = {}
+        self.last: PollMark | None = None  # the latest poll marker
+        self.marked_poll: int | None = None  # decision lines of this poll are run-length lines
+        self.markers = 0
+        self.legacy_polls: set[int] = set()
+
+    def close(self, workload: str, end_ts: float, end_poll: int) -> None:
+        d = self.open.pop(workload, None)
+        if d is not None:
+            self.runs[workload].append(_Run(d, max(end_poll - d.poll, 0), max(end_ts - d.ts, 0.0)))
+
+    def close_all(self) -> None:
+        for w, d in list(self.open.items()):
+            # Without any marker (cannot happen with record_poll's files) a row holds one interval.
+            end = self.last.end if self.last is not None else (d.ts + d.interval_s, d.poll + 1)
+            self.close(w, *end)
+
+    def add(self, r: Record) -> None:
+        if isinstance(r, PollMark):
+            if self.last is not None and (r.fresh or r.poll != self.last.poll + 1):
+                self.close_all()  # a new segment: what was open ended with the previous poll
+            self.last, self.marked_poll = r, r.poll
+            self.markers += 1
+        elif isinstance(r, Left):
+            self.close(r.workload, r.ts, r.poll)
+        elif isinstance(r, Checkpoint):
+            held = self.open.get(r.workload)
+            if held is None or not _same_row(held, r):
+                self.close(r.workload, r.ts, r.poll)
+                self.open[r.workload] = r
+        elif r.poll == self.marked_poll:
+            self.close(r.workload, r.ts, r.poll)
+            self.open[r.workload] = r
+        else:  # the older one-line-per-poll format
+            self.marked_poll = None
+            self.legacy_polls.add(r.poll)
+            self.runs[r.workload].append(_Run(r, 1, r.interval_s))
+
+
+def _misses(name: str, history: list[_Run]) -> Iterator[Miss]:
     i = 0
     while i < len(history):
-        if history[i].verdict != "UNKNOWN":
+        if history[i].d.verdict != "UNKNOWN":
             i += 1
             continue
         j = i
-        while j + 1 < len(history) and history[j + 1].verdict == "UNKNOWN":
+        while j + 1 < len(history) and history[j + 1].d.verdict == "UNKNOWN":
             j += 1
         run = history[i : j + 1]
-        reasons = sorted({r for d in run for r in d.reasons})
         after = history[j + 1] if j + 1 < len(history) else None
         yield Miss(
             workload=name,
-            from_poll=run[0].poll,
-            to_poll=run[-1].poll,
-            polls=len(run),
-            reasons=reasons,
+            from_poll=run[0].d.poll,
+            to_poll=run[-1].d.poll + run[-1].polls - 1,
+            polls=sum(r.polls for r in run),
+            reasons=sorted({reason for r in run for reason in r.d.reasons}),
             outcome="cleared" if after else "persisted",
-            cleared_to=after.verdict if after else None,
-            gpu_hours=round(sum(d.gpus * d.interval_s for d in run) / 3600.0, 4),
+            cleared_to=after.d.verdict if after else None,
+            gpu_hours=round(sum(r.gpu_seconds for r in run) / 3600.0, 4),
         )
         i = j + 1
 
 
-def _reversals(name: str, history: list[Decision]) -> Iterator[Reversal]:
+def _reversals(name: str, history: list[_Run]) -> Iterator[Reversal]:
     pending: Decision | None = None
-    for d in history:
+    for r in history:
+        d = r.d
         if d.verdict in RECLAIMABLE and pending is None:
             pending = d
         elif d.verdict in LIVE and pending is not None:
@@ -199,28 +433,30 @@ def _reversals(name: str, history: list[Decision]) -> Iterator[Reversal]:
             pending = None
 
 
-def summarize(decisions: Iterable[Decision]) -> Report:
-    per_workload: dict[str, list[Decision]] = defaultdict(list)
-    polls: set[int] = set()
+def summarize(records: Iterable[Record]) -> Report:
+    """The report over records in file order (`parse_lines`), either format or both."""
     rep = Report()
-    for d in decisions:
-        per_workload[d.workload].append(d)
-        polls.add(d.poll)
-        rep.first_ts = d.ts if rep.first_ts is None else min(rep.first_ts, d.ts)
-        rep.last_ts = d.ts if rep.last_ts is None else max(rep.last_ts, d.ts)
-    rep.polls = len(polls)
-    rep.workloads = len(per_workload)
-    for name in sorted(per_workload):
-        history = sorted(per_workload[name], key=lambda d: (d.poll, d.ts))
-        latest = history[-1].verdict
+    b = _RunBuilder()
+    for r in records:
+        b.add(r)
+        rep.first_ts = r.ts if rep.first_ts is None else min(rep.first_ts, r.ts)
+        rep.last_ts = r.ts if rep.last_ts is None else max(rep.last_ts, r.ts)
+    b.close_all()
+    rep.polls = b.markers + len(b.legacy_polls)
+    rep.workloads = len(b.runs)
+    for name in sorted(b.runs):
+        # Time order (stable: file order on ties). Old-format files used to be sorted by poll first,
+        # which is the same order unless a restart reset the poll numbers.
+        history = sorted(b.runs[name], key=lambda r: r.d.ts)
+        latest = history[-1].d.verdict
         rep.by_verdict[latest] = rep.by_verdict.get(latest, 0) + 1
-        if any(d.verdict in RECLAIMABLE for d in history):
+        if any(r.d.verdict in RECLAIMABLE for r in history):
             rep.would_reclaim_workloads.append(name)
-        for d in history:
-            if d.verdict in RECLAIMABLE:
-                hours = d.gpus * d.interval_s / 3600.0
+        for r in history:
+            if r.d.verdict in RECLAIMABLE:
+                hours = r.gpu_seconds / 3600.0
                 rep.gpu_hours_would_reclaim += hours
-                rep.gpu_hours_by_verdict[d.verdict] = rep.gpu_hours_by_verdict.get(d.verdict, 0.0) + hours
+                rep.gpu_hours_by_verdict[r.d.verdict] = rep.gpu_hours_by_verdict.get(r.d.verdict, 0.0) + hours
         rep.misses.extend(_misses(name, history))
         rep.reversals.extend(_reversals(name, history))
     return rep
