@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import importlib.util
 import logging
 import os
 import signal
@@ -22,7 +23,7 @@ from ghostgpu.config import ControllerConfig, load_config, load_controller_confi
 from ghostgpu.controller import keys
 from ghostgpu.controller.accounting import FlavorSpec, node_flavor
 from ghostgpu.controller.decisions import DecisionLog
-from ghostgpu.controller.inventory import GpuPredicate, Workload, gpu_predicate, pod_view, workload_from
+from ghostgpu.controller.inventory import GpuPredicate, Workload, cached_pod, gpu_predicate, workload_from
 from ghostgpu.controller.kube import (
     CLUSTERQUEUES,
     DEPLOYMENTS,
@@ -104,7 +105,8 @@ class Informers:
         self.namespaces = Reflector(
             api, NAMESPACES, transform=lambda o: dict((o.get("metadata") or {}).get("labels") or {})
         )
-        self.pods = Reflector(api, PODS, transform=lambda o: pod_view(o, is_gpu))
+        # Every pod, once: its view, plus the workload for tracked bare pods (inventory.CachedPod).
+        self.pods = Reflector(api, PODS, transform=lambda o: cached_pod(o, is_gpu))
         self.nodes = Reflector(api, NODES, transform=_slim_node)
         self.deployments = Reflector(
             api,
@@ -118,16 +120,12 @@ class Informers:
             label_selector=tracked,
             transform=lambda o: workload_from("StatefulSet", o, is_gpu),
         )
-        self.tracked_pods = Reflector(
-            api, PODS, label_selector=tracked, transform=lambda o: workload_from("Pod", o, is_gpu)
-        )
         self.all = [
             self.namespaces,
             self.pods,
             self.nodes,
             self.deployments,
             self.statefulsets,
-            self.tracked_pods,
         ]
 
     @property
@@ -142,10 +140,11 @@ class Informers:
         for store in (self.deployments.store, self.statefulsets.store):
             for wl in store.values():
                 workloads[wl.ref] = wl
-        for wl in self.tracked_pods.store.values():
-            owners = (wl.raw.get("metadata") or {}).get("ownerReferences") or []
-            if not any(o.get("controller") for o in owners):  # bare pods only
-                workloads[wl.ref] = wl
+        pods = []
+        for entry in self.pods.store.values():
+            pods.append(entry.view)
+            if entry.workload is not None:
+                workloads[entry.workload.ref] = entry.workload
         nodes = []
         for n in self.nodes.store.values():
             f = node_flavor(n, flavors)
@@ -153,7 +152,7 @@ class Informers:
         return Snapshot(
             namespaces={name: labels for (_, name), labels in self.namespaces.store.items()},
             workloads=workloads,
-            pods=list(self.pods.store.values()),
+            pods=pods,
             nodes=nodes,
         )
 
@@ -297,11 +296,8 @@ async def run_controller(
 
 
 def _s3_possible() -> bool:
-    try:
-        import boto3  # noqa: F401
-    except ImportError:
-        return False
-    return True
+    # find_spec, not import: boto3 is loaded only when an s3:// annotation is met (artifacts.py)
+    return importlib.util.find_spec("boto3") is not None
 
 
 def _escalator(cfg: ControllerConfig) -> Any:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import posixpath
 import re
+import threading
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
@@ -139,22 +140,31 @@ class S3ArtifactProbe:
     ) -> None:
         self.timeout = timeout
         self.max_keys = max_keys
-        if client is None:
-            import boto3
-            from botocore.config import Config
+        self._client = client
+        self._endpoint_url, self._region = endpoint_url, region
+        self._lock = threading.Lock()
 
-            client = boto3.client(
-                "s3",
-                endpoint_url=endpoint_url,
-                region_name=region or "us-east-1",
-                config=Config(
-                    connect_timeout=timeout,
-                    read_timeout=timeout,
-                    retries={"max_attempts": 1},
-                    s3={"addressing_style": "path"},
-                ),
-            )
-        self.client = client
+    @property
+    def client(self) -> Any:
+        """Made on first use: boto3 and a client cost ~30 MB of RSS, paid only by controllers that
+        meet an `s3://` artifact annotation. Listings run in worker threads, hence the lock."""
+        with self._lock:
+            if self._client is None:
+                import boto3
+                from botocore.config import Config
+
+                self._client = boto3.client(
+                    "s3",
+                    endpoint_url=self._endpoint_url,
+                    region_name=self._region or "us-east-1",
+                    config=Config(
+                        connect_timeout=self.timeout,
+                        read_timeout=self.timeout,
+                        retries={"max_attempts": 1},
+                        s3={"addressing_style": "path"},
+                    ),
+                )
+            return self._client
 
     def _list(self, target: S3Target) -> Measurement:
         total, seen, marker = 0, 0, False

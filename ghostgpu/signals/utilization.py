@@ -17,7 +17,7 @@ from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from string import Template
-from typing import Any
+from typing import Any, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -70,8 +70,9 @@ class QuerySpec(BaseModel):
         )
 
 
-@dataclass(frozen=True, slots=True)
-class PodKey:
+class PodKey(NamedTuple):
+    """(namespace, name): a tuple, hashed in C (one lookup per pod per poll, N = 10,000)."""
+
     namespace: str
     name: str
 

@@ -4,6 +4,7 @@ builds (anything not already valid still goes through validation and fails as be
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 
@@ -13,7 +14,7 @@ from pydantic import ValidationError
 from ghostgpu.config import ControllerConfig
 from ghostgpu.controller.decisions import Decision
 from ghostgpu.controller.evidence import WorkloadState, assemble
-from ghostgpu.controller.inventory import gpu_predicate, pod_view, workload_from
+from ghostgpu.controller.inventory import WorkloadRef, cached_pod, gpu_predicate, pod_view, workload_from
 from ghostgpu.controller.planner import manifest_lines
 from ghostgpu.signals.faults import fault_observation
 from ghostgpu.verdict import (
@@ -76,9 +77,26 @@ def test_workload_raw_is_slim_but_keeps_what_is_read() -> None:
     assert wl.raw["spec"] == obj["spec"]
     # the risk score's manifest size is unchanged (it dropped status and managedFields itself)
     full = workload_from("Pod", obj, IS_GPU)
-    object.__setattr__(full, "raw", obj)
+    object.__setattr__(full, "raw_json", json.dumps(obj).encode())
     assert manifest_lines(wl) == manifest_lines(full)
     assert "managedFields" in obj["metadata"] and "status" in obj  # the input is not mutated
+    # kept as compact bytes; every read is a fresh copy (a caller cannot corrupt the cache)
+    assert isinstance(wl.raw_json, bytes) and len(wl.raw_json) < len(json.dumps(obj))
+    wl.raw["metadata"]["name"] = "changed"
+    assert wl.raw["metadata"]["name"] == "p"
+
+
+def test_one_pod_cache_entry_carries_the_bare_tracked_workload() -> None:
+    obj = _pod()
+    tracked = {**obj, "metadata": {**obj["metadata"], "labels": {"ghostgpu.io/tracked": "true"}}}
+    owned = copy.deepcopy(tracked)
+    bare = {**tracked, "metadata": {**tracked["metadata"], "ownerReferences": []}}
+    assert cached_pod(obj, IS_GPU).workload is None  # not labelled tracked
+    assert cached_pod(owned, IS_GPU).workload is None  # a controller's pod: its owner is the workload
+    entry = cached_pod(bare, IS_GPU)
+    assert entry.view == pod_view(bare, IS_GPU)
+    assert entry.workload is not None and entry.workload.ref == WorkloadRef("Pod", "ns", "p")
+    assert entry.workload.labels is entry.view.labels  # one copy of the labels
 
 
 def test_pod_view_statuses_keep_fault_evidence() -> None:
