@@ -230,6 +230,13 @@ class Verdict(_Frozen):
     def reclaimable(self) -> bool:
         return self.kind in RECLAIMABLE_KINDS
 
+    @property
+    def warming_up(self) -> bool:
+        """UNKNOWN only because the window is not full yet (a new workload, new pods, or a
+        controller that just started). Nothing to record: it would overwrite the last real
+        verdict with a placeholder and, at every controller start, rewrite every workload twice."""
+        return self.kind is VerdictKind.UNKNOWN and self.reasons == (Reason.INSUFFICIENT_SAMPLES,)
+
     def to_annotation(self) -> str:
         """Compact, key-sorted JSON for the `ghostgpu.io/evidence` annotation (stable bytes)."""
         return json.dumps(

@@ -20,7 +20,7 @@ ActionKind = Literal["none", "would-reclaim", "scale-to-zero", "evict", "escalat
 
 @dataclass(frozen=True)
 class Plan:
-    record: bool  # the verdict changed: write annotations and emit an Event
+    record: bool  # the verdict changed (warm-up UNKNOWN aside): write annotations, emit an Event
     action: ActionKind
     decision: Decision | None = None
     note: str = ""
@@ -62,7 +62,7 @@ def plan(
     team: str | None = None,
     autonomy: AutonomyConfig | None = None,
 ) -> Plan:
-    record = previous != verdict.kind
+    record = previous != verdict.kind and not verdict.warming_up
     if verdict.kind not in RECLAIMABLE_KINDS:
         return Plan(record, "none")
     if workload.exempt:  # belt and braces: exempt workloads are filtered before judging

@@ -25,13 +25,14 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from operator import itemgetter
 from typing import Any
 
 from ghostgpu.autonomy import AutonomyConfig
 from ghostgpu.config import ControllerConfig
 from ghostgpu.controller import keys
 from ghostgpu.controller.accounting import FlavorAccount, FlavorSpec, account, node_flavor
-from ghostgpu.controller.decisions import Decision, DecisionLog
+from ghostgpu.controller.decisions import DecisionLog, DecisionRow
 from ghostgpu.controller.evidence import (
     WorkloadState,
     assemble,
@@ -190,8 +191,8 @@ class Reconciler:
                 self.reclaimed_pods.pop(ref, None)
         out: dict[WorkloadRef, tuple[Workload, list[PodView], WorkloadState]] = {}
         grace = self.cfg.startup_grace.seconds
-        # Sorted by (kind, namespace, name), WorkloadRef's order, without 10⁵ dataclass __lt__ calls.
-        for ref, wl in sorted(workloads.items(), key=lambda kv: (kv[0].kind, kv[0].namespace, kv[0].name)):
+        # Sorted by (kind, namespace, name): WorkloadRef is a tuple, compared in C.
+        for ref, wl in sorted(workloads.items(), key=itemgetter(0)):
             st = self.states.get(ref)
             if st is None or st.uid != wl.uid:
                 st = self.states[ref] = WorkloadState.new(wl.uid, self.cfg)
@@ -306,8 +307,7 @@ class Reconciler:
         eligible = self.eligible(snap, now, result)
         processes, readings = await self.gather(eligible, now)
         leader = self.is_leader()
-        decisions: list[Decision] = []
-        interval_s = self.cfg.poll_interval.seconds  # parsed once per poll, not per workload
+        rows: list[DecisionRow] = []
         for ref, (wl, pods, st) in eligible.items():
             xids = [x for p in pods for x in readings[PodKey(p.namespace, p.name)].xids]
             faults = fault_observation([p.status for p in pods], xids)
@@ -323,18 +323,8 @@ class Reconciler:
             result.states[verdict.kind.value] += 1
             st.last_verdict = verdict.kind
             gpus = sum(wl.gpus_per_pod.values()) * len(pods)
-            decisions.append(
-                Decision(
-                    ts=now,
-                    poll=self.poll_count,
-                    workload=str(ref),
-                    verdict=verdict.kind.value,
-                    reasons=[r.value for r in verdict.reasons],
-                    gpus=gpus,
-                    mode=self.cfg.mode,
-                    action=p.action,
-                    interval_s=interval_s,
-                )
+            rows.append(
+                (str(ref), verdict.kind.value, tuple(r.value for r in verdict.reasons), gpus, p.action)
             )
             if leader:
                 try:
@@ -345,7 +335,14 @@ class Reconciler:
                 if outcome != "none":
                     result.actions.append((ref, outcome))
         if leader:
-            self.decision_log.append(decisions)
+            # Run-length: only changed rows reach the file (decisions.py).
+            self.decision_log.record_poll(
+                ts=now,
+                poll=self.poll_count,
+                mode=self.cfg.mode,
+                interval_s=self.cfg.poll_interval.seconds,
+                rows=rows,
+            )
             self._accrue(snap, result)
             await self.nudge_kueue(result)
         result.duration = time.monotonic() - t0
@@ -379,7 +376,7 @@ class Reconciler:
         ns = ref.namespace
         outcome = "none"
         recorded = _recorded(wl, pods)
-        reasons_changed = _reasons_of(recorded) != summary.get("reasons")
+        reasons_changed = not verdict.warming_up and _reasons_of(recorded) != summary.get("reasons")
         if p.record or reasons_changed:
             # Annotations follow the reasons (ACTIVE busy -> ACTIVE in a batch gap is worth seeing);
             # the Event only follows the verdict.
