@@ -16,6 +16,7 @@ from typing import Any, Literal, NamedTuple
 
 from ghostgpu.controller import keys
 from ghostgpu.quantity import Quantity
+from ghostgpu.signals.faults import PodFaults, pod_faults
 
 Kind = Literal["Deployment", "StatefulSet", "Pod"]
 KINDS: tuple[Kind, ...] = ("Deployment", "StatefulSet", "Pod")
@@ -54,7 +55,7 @@ class PodView:
     gpu_requests: Mapping[str, float]  # resource name -> count, summed over regular containers
     gpu_container: str | None  # the container that asked for a GPU (the probe target)
     first_container: str
-    status: Mapping[str, Any]
+    faults: PodFaults  # container terminations from status (signals/faults.py), read at cache time
     # Only the ghostgpu.io/ annotations: where verdicts land when the workload cannot be written.
     annotations: Mapping[str, str] = field(default_factory=dict)
 
@@ -145,17 +146,6 @@ def _first_gpu_container(containers: Iterable[Mapping[str, Any]], is_gpu: GpuPre
     return None
 
 
-# What signals/faults.py reads of a container status; image, imageID, containerID, ... are dropped
-# as the pod arrives (every pod in the cluster is cached).
-_STATUS_KEYS = ("name", "restartCount", "state", "lastState")
-
-
-def _slim_statuses(statuses: Any) -> Any:
-    if not isinstance(statuses, list):
-        return statuses or []  # malformed: kept as is, fault_observation reports PARSE_ERROR
-    return [{k: cs[k] for k in _STATUS_KEYS if k in cs} if isinstance(cs, Mapping) else cs for cs in statuses]
-
-
 def pod_view(obj: Mapping[str, Any], is_gpu: GpuPredicate) -> PodView:
     meta = obj.get("metadata") or {}
     spec = obj.get("spec") or {}
@@ -176,10 +166,7 @@ def pod_view(obj: Mapping[str, Any], is_gpu: GpuPredicate) -> PodView:
         gpu_requests=_gpu_requests(containers, is_gpu),
         gpu_container=_first_gpu_container(containers, is_gpu),
         first_container=str(containers[0].get("name", "")),
-        status={
-            "containerStatuses": _slim_statuses(status.get("containerStatuses")),
-            "initContainerStatuses": _slim_statuses(status.get("initContainerStatuses")),
-        },
+        faults=pod_faults(status),
         annotations={
             k: v for k, v in (meta.get("annotations") or {}).items() if k.startswith("ghostgpu.io/")
         },

@@ -60,20 +60,36 @@ def _restart(container: str, term: Mapping[str, Any]) -> ContainerRestart:
     )
 
 
-def fault_observation(
-    pod_statuses: Iterable[Mapping[str, Any]], xids: Iterable[XidEvent]
-) -> FaultObservation:
-    """Faults of a workload: all its pods' terminations and all XIDs on their GPUs."""
-    restarts: list[ContainerRestart] = []
+# One pod's terminations, or why its status could not be read. Computed once per pod update
+# (the controller's pod cache), not once per poll.
+PodFaults = tuple[ContainerRestart, ...] | SignalFailure
+
+
+def pod_faults(status: Mapping[str, Any]) -> PodFaults:
     try:
-        for status in pod_statuses:
-            restarts.extend(restarts_from_pod_status(status))
+        return restarts_from_pod_status(status)
     except (ValueError, TypeError, AttributeError) as exc:
         return SignalFailure(reason=FailureReason.PARSE_ERROR, detail=f"pod status: {exc}"[:200])
+
+
+def workload_faults(per_pod: Iterable[PodFaults], xids: Iterable[XidEvent]) -> FaultObservation:
+    """Faults of a workload from its pods' `pod_faults` and all XIDs on their GPUs."""
+    restarts: list[ContainerRestart] = []
+    for faults in per_pod:
+        if isinstance(faults, SignalFailure):
+            return faults
+        restarts.extend(faults)
     xid_events = tuple(xids)
     if not xid_events and not restarts:
         return _NO_FAULTS  # the common case; frozen, so one shared instance is safe
     return FaultEvidence(xid_events=xid_events, restarts=tuple(restarts))
+
+
+def fault_observation(
+    pod_statuses: Iterable[Mapping[str, Any]], xids: Iterable[XidEvent]
+) -> FaultObservation:
+    """Faults of a workload: all its pods' terminations and all XIDs on their GPUs."""
+    return workload_faults((pod_faults(s) for s in pod_statuses), xids)
 
 
 _NO_FAULTS = FaultEvidence()

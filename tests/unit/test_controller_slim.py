@@ -16,7 +16,7 @@ from ghostgpu.controller.decisions import Decision
 from ghostgpu.controller.evidence import WorkloadState, assemble
 from ghostgpu.controller.inventory import WorkloadRef, cached_pod, gpu_predicate, pod_view, workload_from
 from ghostgpu.controller.planner import manifest_lines
-from ghostgpu.signals.faults import fault_observation
+from ghostgpu.signals.faults import fault_observation, workload_faults
 from ghostgpu.verdict import (
     ContainerRestart,
     Evidence,
@@ -99,19 +99,18 @@ def test_one_pod_cache_entry_carries_the_bare_tracked_workload() -> None:
     assert entry.workload.labels is entry.view.labels  # one copy of the labels
 
 
-def test_pod_view_statuses_keep_fault_evidence() -> None:
+def test_pod_view_keeps_fault_evidence_computed_once() -> None:
     obj = _pod()
     view = pod_view(obj, IS_GPU)
-    assert set(view.status["containerStatuses"][0]) == {"name", "restartCount", "state", "lastState"}
-    assert fault_observation([view.status], []) == fault_observation([obj["status"]], [])
-    assert fault_observation([view.status], []) == FaultEvidence(
+    assert workload_faults([view.faults], []) == fault_observation([obj["status"]], [])
+    assert workload_faults([view.faults], []) == FaultEvidence(
         restarts=(ContainerRestart(container="main", reason="OOMKilled", exit_code=137),)
     )
-    # a malformed status is still a parse failure, not "no faults"
+    # a malformed status is still a parse failure, not "no faults", and it wins over other pods
     bad = {**obj, "status": {"containerStatuses": [{"restartCount": 1}]}}
-    assert isinstance(fault_observation([pod_view(bad, IS_GPU).status], []), SignalFailure)
+    assert isinstance(pod_view(bad, IS_GPU).faults, SignalFailure)
     bad2 = {**obj, "status": {"containerStatuses": ["garbage"]}}
-    assert isinstance(fault_observation([pod_view(bad2, IS_GPU).status], []), SignalFailure)
+    assert isinstance(workload_faults([view.faults, pod_view(bad2, IS_GPU).faults], []), SignalFailure)
 
 
 def test_no_faults_is_the_same_value() -> None:
