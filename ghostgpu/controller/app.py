@@ -273,7 +273,9 @@ async def run_controller(
                     cqs = await cluster.list(CLUSTERQUEUES)
                 except Exception:
                     cqs = []  # no Kueue (yet): the gap is still measured against the nodes
-                metrics.set_accounting(accounting_from(flavors or [], snap, cqs, result.judged))
+                metrics.set_accounting(
+                    accounting_from(flavors or [], snap, cqs, result.judged, result.pods_of)
+                )
             except Exception as exc:  # one bad poll must not end the controller; /healthz tells
                 log.exception("poll failed", extra={"error": f"{type(exc).__name__}: {exc}"})
             polls += 1

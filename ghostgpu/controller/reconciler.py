@@ -60,7 +60,7 @@ from ghostgpu.signals.artifacts import (
     S3Target,
     parse_artifact_uri,
 )
-from ghostgpu.signals.faults import fault_observation
+from ghostgpu.signals.faults import workload_faults
 from ghostgpu.signals.podexec import PodRef
 from ghostgpu.signals.processes import ProcessSource, merge_listings, without_idle_holders
 from ghostgpu.signals.utilization import PodKey, PodReading, UtilizationSource, workload_sample
@@ -109,6 +109,8 @@ class PollResult:
     judged: dict[WorkloadRef, Judged] = field(default_factory=dict)
     actions: list[tuple[WorkloadRef, str]] = field(default_factory=list)
     accounts: list[FlavorAccount] = field(default_factory=list)
+    # The poll's opted-in workloads and their pods, for accounting_from (computed once per poll).
+    pods_of: dict[WorkloadRef, list[PodView]] | None = None
 
 
 class Reconciler:
@@ -183,7 +185,7 @@ class Reconciler:
     ) -> dict[WorkloadRef, tuple[Workload, list[PodView], WorkloadState]]:
         opted_in = {ns for ns, labels in snap.namespaces.items() if namespace_opted_in(labels)}
         workloads = {ref: wl for ref, wl in snap.workloads.items() if ref.namespace in opted_in}
-        pods_of = pods_by_workload(workloads, snap.pods)
+        pods_of = result.pods_of = pods_by_workload(workloads, snap.pods)
         # Namespaces that opted out, deleted workloads: forget them entirely.
         for ref in list(self.states):
             if ref not in workloads:
@@ -310,7 +312,7 @@ class Reconciler:
         rows: list[DecisionRow] = []
         for ref, (wl, pods, st) in eligible.items():
             xids = [x for p in pods for x in readings[PodKey(p.namespace, p.name)].xids]
-            faults = fault_observation([p.status for p in pods], xids)
+            faults = workload_faults([p.faults for p in pods], xids)
             if isinstance(faults, SignalFailure):
                 self.metrics.signal_failures.labels("faults", faults.reason.value).inc()
             evidence = assemble(st, window=self.cfg.window, processes=processes[ref], faults=faults)
@@ -697,10 +699,13 @@ def accounting_from(
     snap: Snapshot,
     cluster_queues: Sequence[Mapping[str, Any]],
     judged: Mapping[WorkloadRef, Judged] | None = None,
+    pods_of: Mapping[WorkloadRef, list[PodView]] | None = None,
 ) -> list[FlavorAccount]:
+    """`pods_of`: the poll's PollResult.pods_of (the same snapshot), else computed here."""
     opted_in = {ns for ns, labels in snap.namespaces.items() if namespace_opted_in(labels)}
     workloads = {ref: wl for ref, wl in snap.workloads.items() if ref.namespace in opted_in}
-    pods_of = pods_by_workload(workloads, snap.pods)
+    if pods_of is None:
+        pods_of = pods_by_workload(workloads, snap.pods)
     buckets = outside_kueue_buckets(judged or {}, workloads, pods_of)
     return account(flavors, snap.nodes, snap.pods, cluster_queues, buckets)
 
