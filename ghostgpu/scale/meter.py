@@ -1,6 +1,7 @@
 """Measuring a process from its own inside without touching the code it runs: every HTTP request
-leaves through `httpx.AsyncClient.send` (kr8s and the Prometheus client both use httpx), so wrapping
-that one method counts Prometheus queries, apiserver requests and exec upgrades on the wire; CPU is
+but exec leaves through `httpx.AsyncClient.send` (kr8s and the Prometheus client both use httpx), and
+every exec upgrade through `podexec._run_direct` (or, behind a proxy, httpx again), so wrapping those
+two counts Prometheus queries, apiserver requests and exec upgrades on the wire; CPU is
 `resource.getrusage`, memory is the kernel's VmRSS/VmHWM of this process."""
 
 from __future__ import annotations
@@ -63,6 +64,17 @@ class RequestCounter:
             return await original(client, request, **kw)
 
         httpx.AsyncClient.send = send  # type: ignore[method-assign]
+
+        from ghostgpu.signals import podexec
+
+        direct = podexec._run_direct
+
+        async def run_direct(endpoint: Any, path: str, stream: Any) -> None:
+            counter.counts["apiserver_exec"] += 1
+            counter.by_verb["GET pods/exec"] += 1
+            await direct(endpoint, path, stream)
+
+        podexec._run_direct = run_direct  # type: ignore[assignment]
 
     def snapshot(self) -> dict[str, int]:
         return dict(self.counts)
