@@ -66,6 +66,7 @@ from ghostgpu.signals.processes import ProcessSource, merge_listings, without_id
 from ghostgpu.signals.utilization import PodKey, PodReading, UtilizationSource, workload_sample
 from ghostgpu.verdict import (
     RECLAIMABLE_KINDS,
+    Evidence,
     FailureReason,
     ProcessInfo,
     SignalFailure,
@@ -97,7 +98,7 @@ class Judged:
     workload: Workload
     pods: list[PodView]
     verdict: Verdict
-    summary: dict[str, object]
+    evidence: Evidence
     plan: Plan
 
 
@@ -317,11 +318,10 @@ class Reconciler:
                 self.metrics.signal_failures.labels("faults", faults.reason.value).inc()
             evidence = assemble(st, window=self.cfg.window, processes=processes[ref], faults=faults)
             verdict = decide(evidence, self.policy)
-            summary = evidence_summary(evidence, verdict, self.cfg.window)
             previous = _verdict_of(_recorded(wl, pods))
             team = snap.namespaces.get(ref.namespace, {}).get(keys.TEAM_LABEL)
             p = plan(wl, verdict, previous, self.cfg, team=team, autonomy=self.autonomy)
-            result.judged[ref] = Judged(wl, pods, verdict, summary, p)
+            result.judged[ref] = Judged(wl, pods, verdict, evidence, p)
             result.states[verdict.kind.value] += 1
             st.last_verdict = verdict.kind
             gpus = sum(wl.gpus_per_pod.values()) * len(pods)
@@ -330,7 +330,7 @@ class Reconciler:
             )
             if leader:
                 try:
-                    outcome = await self.apply(wl, pods, st, verdict, summary, p)
+                    outcome = await self.apply(wl, pods, st, verdict, evidence, p)
                 except Exception as exc:  # one workload's failure must not stop the poll
                     log.exception("action failed", extra={"workload": str(ref), "error": str(exc)})
                     outcome = "error"
@@ -371,19 +371,27 @@ class Reconciler:
         pods: list[PodView],
         st: WorkloadState,
         verdict: Verdict,
-        summary: dict[str, object],
+        evidence: Evidence,
         p: Plan,
     ) -> str:
         ref = wl.ref
         ns = ref.namespace
         outcome = "none"
         recorded = _recorded(wl, pods)
-        reasons_changed = not verdict.warming_up and _reasons_of(recorded) != summary.get("reasons")
+        # The summary (annotation text) is built only when it is written: most polls write nothing.
+        reasons_changed = not verdict.warming_up and _reasons_of(recorded) != [
+            r.value for r in verdict.reasons
+        ]
         if p.record or reasons_changed:
             # Annotations follow the reasons (ACTIVE busy -> ACTIVE in a batch gap is worth seeing);
             # the Event only follows the verdict.
             await self._annotate(
-                wl, pods, {keys.VERDICT: verdict.kind.value, keys.EVIDENCE: evidence_json(summary)}
+                wl,
+                pods,
+                {
+                    keys.VERDICT: verdict.kind.value,
+                    keys.EVIDENCE: evidence_json(evidence_summary(evidence, verdict, self.cfg.window)),
+                },
             )
             outcome = "annotated"
         if p.record:
