@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+import orjson
 from kr8s._exceptions import ServerError
 
 from ghostgpu.controller import keys
@@ -143,7 +144,7 @@ class Reflector:
             async with self.api.call_api(
                 "GET", version=self.rtype.version, url=self.rtype.plural, params=params
             ) as resp:
-                body = resp.json()
+                body = orjson.loads(resp.content)  # 500 pods per page: the stdlib parser is ~2x slower
             for obj in body.get("items") or []:
                 # List items carry no kind/apiVersion; Events need them in involvedObject.
                 obj.setdefault("kind", self.rtype.kind)
@@ -175,7 +176,7 @@ class Reflector:
             async for line in resp.aiter_lines():
                 if not line.strip():
                     continue
-                event = json.loads(line)
+                event = orjson.loads(line)  # every pod change in the cluster passes here
                 etype, obj = event.get("type"), event.get("object") or {}
                 if etype == "ERROR":
                     # 410 Gone: our resourceVersion is too old; anything else: start over too.
