@@ -278,7 +278,10 @@ def decide(evidence: Evidence, policy: VerdictPolicy | None = None) -> Verdict:
     def verdict(
         kind: VerdictKind, *reasons: Reason, live: int | None = None, dead: int | None = None
     ) -> Verdict:
-        return Verdict(kind=kind, rule=rule, reasons=reasons, live_processes=live, defunct_processes=dead)
+        # Built from this module's own typed values: nothing to validate (one per workload per poll).
+        return Verdict.model_construct(
+            kind=kind, rule=rule, reasons=reasons, live_processes=live, defunct_processes=dead
+        )
 
     # 1. Utilization opens the case: the newest K samples, all present, all zero.
     k = policy.effective_window

@@ -318,17 +318,22 @@ class Reconciler:
                 self.metrics.signal_failures.labels("faults", faults.reason.value).inc()
             evidence = assemble(st, window=self.cfg.window, processes=processes[ref], faults=faults)
             verdict = decide(evidence, self.policy)
-            previous = _verdict_of(_recorded(wl, pods))
+            recorded = _recorded(wl, pods)
+            previous = _verdict_of(recorded)
             team = snap.namespaces.get(ref.namespace, {}).get(keys.TEAM_LABEL)
             p = plan(wl, verdict, previous, self.cfg, team=team, autonomy=self.autonomy)
             result.judged[ref] = Judged(wl, pods, verdict, evidence, p)
             result.states[verdict.kind.value] += 1
             st.last_verdict = verdict.kind
             gpus = sum(wl.gpus_per_pod.values()) * len(pods)
-            rows.append(
-                (str(ref), verdict.kind.value, tuple(r.value for r in verdict.reasons), gpus, p.action)
-            )
+            # Reasons are StrEnum members: equal to, and serialised as, their string values.
+            rows.append((str(ref), verdict.kind.value, verdict.reasons, gpus, p.action))
             if leader:
+                if p.action in _NO_ACTION and not p.record and not _reasons_changed(recorded, verdict):
+                    # Nothing to write or do (most workloads on most polls): no apply() call.
+                    if verdict.kind not in RECLAIMABLE_KINDS:
+                        st.escalated_for = st.blocked_for = None
+                    continue
                 try:
                     outcome = await self.apply(wl, pods, st, verdict, evidence, p)
                 except Exception as exc:  # one workload's failure must not stop the poll
@@ -379,9 +384,7 @@ class Reconciler:
         outcome = "none"
         recorded = _recorded(wl, pods)
         # The summary (annotation text) is built only when it is written: most polls write nothing.
-        reasons_changed = not verdict.warming_up and _reasons_of(recorded) != [
-            r.value for r in verdict.reasons
-        ]
+        reasons_changed = _reasons_changed(recorded, verdict)
         if p.record or reasons_changed:
             # Annotations follow the reasons (ACTIVE busy -> ACTIVE in a batch gap is worth seeing);
             # the Event only follows the verdict.
@@ -660,6 +663,16 @@ def _verdict_of(wl: Workload | Mapping[str, str]) -> VerdictKind | None:
         return VerdictKind(raw) if raw else None
     except ValueError:
         return None
+
+
+# Plans that do nothing beyond recording the verdict (see planner.ActionKind).
+_NO_ACTION = frozenset({"none", "would-reclaim", "disabled"})
+
+
+def _reasons_changed(recorded: Mapping[str, str], verdict: Verdict) -> bool:
+    """Annotations follow the reasons too (ACTIVE busy -> ACTIVE in a batch gap is worth seeing);
+    never for a warm-up UNKNOWN (Verdict.warming_up)."""
+    return not verdict.warming_up and _reasons_of(recorded) != list(verdict.reasons)
 
 
 def _reasons_of(annotations: Mapping[str, str]) -> list[str] | None:
