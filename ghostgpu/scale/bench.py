@@ -133,8 +133,9 @@ def _rows(path: Path) -> list[dict[str, Any]]:
 
 
 def summarise_controller(rows: list[dict[str, Any]], window: int) -> tuple[Side, list[dict[str, Any]]]:
-    """Polls 1..window+1 are warm-up: the first records UNKNOWN on every workload (2 writes each),
-    poll `window` the first real verdict (again 2 writes each); later polls are the steady state."""
+    """Polls 1..window+1 are warm-up: polls 1..window-1 fill the windows (their warm-up UNKNOWN is
+    not written), poll `window` records the first real verdict of every new workload (a dry-run,
+    the write and an Event each); later polls are the steady state."""
     warm, steady = rows[: window + 1], rows[window + 1 :]
     if not steady:
         raise ValueError("no steady-state polls measured")

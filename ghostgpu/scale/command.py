@@ -47,7 +47,10 @@ def run_scale_command(
         f"after a {c['window'] + 1}-poll warm-up.\n"
     )
     echo(markdown(results))
-    echo("Warm-up polls (poll 1 records UNKNOWN, poll K the first verdict: 2 writes per workload):\n")
+    echo(
+        "Warm-up polls (polls 1..K-1 fill the windows and write nothing; poll K records the first "
+        "verdicts: a dry-run, the write and an Event per new workload):\n"
+    )
     echo(warmup_markdown(results))
     ok = True
     for name, met, evidence in targets(results):
