@@ -21,17 +21,18 @@ def _ratio(r: float | None) -> str:
 
 def markdown(results: Sequence[SizeResult]) -> str:
     lines = [
-        "| N pods (idle) | impl | wall s/poll | CPU s/poll | peak RSS MiB | Prometheus queries/poll "
-        "| apiserver requests/poll | exec calls/poll |",
-        "|---|---|---:|---:|---:|---:|---:|---:|",
+        "| N pods (idle) | impl | wall s/poll | CPU s/poll | CPU s/cycle | peak RSS MiB "
+        "| Prometheus queries/poll | apiserver requests/poll | exec calls/poll |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in results:
         for name, side in (("ghostgpu", r.ghostgpu), ("naive cron (baseline)", r.naive)):
             label = name
             if side.extrapolated_from:
                 label += f" — extrapolated from {side.extrapolated_from:,} pods"
+            cycle = "—" if side.cycle_cpu_s is None else f"{side.cycle_cpu_s:.3f}"
             lines.append(
-                f"| {r.n:,} ({r.idle:,}) | {label} | {side.wall_s:.3f} | {side.cpu_s:.3f} | "
+                f"| {r.n:,} ({r.idle:,}) | {label} | {side.wall_s:.3f} | {side.cpu_s:.3f} | {cycle} | "
                 f"{side.peak_rss_mib:.0f} | {_n(side.prometheus_queries)} | {_n(side.apiserver_requests)} | "
                 f"{_n(side.exec_calls)} |"
             )
@@ -82,11 +83,14 @@ def targets(results: Sequence[SizeResult]) -> list[tuple[str, bool, str]]:
         )
     )
     big = max(results, key=lambda r: r.n)
+    # The stricter of the poll alone and the whole poll-to-poll cycle (absent in older JSON).
+    worst = max(big.ghostgpu.cpu_s, big.ghostgpu.cycle_cpu_s or 0.0)
     out.append(
         (
             f"CPU per poll at N={big.n:,} <= {CPU_TARGET_S:g} s",
-            big.ghostgpu.cpu_s <= CPU_TARGET_S,
-            f"{big.ghostgpu.cpu_s:.3f} s",
+            worst <= CPU_TARGET_S,
+            f"{big.ghostgpu.cpu_s:.3f} s in the poll"
+            + ("" if big.ghostgpu.cycle_cpu_s is None else f", {big.ghostgpu.cycle_cpu_s:.3f} s per cycle"),
         )
     )
     out.append(
