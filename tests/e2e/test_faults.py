@@ -247,7 +247,8 @@ class Harness:
 
     def _pods(self) -> dict[str, str]:
         out = {}
-        for p in self.informers.pods.store.values():
+        for entry in self.informers.pods.store.values():
+            p = entry.view  # one pod cache: each entry is an inventory.CachedPod
             if p.namespace != self.ns or not p.running:
                 continue
             ref = owner_workload(p)
