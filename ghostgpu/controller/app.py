@@ -157,6 +157,16 @@ class Informers:
         )
 
 
+def loop_healthy(
+    now: float, started: float, interval: float, last_poll_end: float | None, last_progress: float | None
+) -> tuple[bool, str]:
+    """/healthz: the loop ended a poll, or made progress inside one (a write), recently enough."""
+    last = max(t for t in (started, last_poll_end, last_progress) if t is not None)
+    ok = now - last < 3 * interval + 60
+    what = "poll ended" if last == last_poll_end else "progress" if last == last_progress else "start"
+    return ok, f"last {what} {now - last:.0f}s ago"
+
+
 async def _kube_api(kubeconfig: str | None) -> Any:
     import kr8s.asyncio
 
@@ -222,9 +232,9 @@ async def run_controller(
     started = time.time()
 
     def healthy() -> tuple[bool, str]:
-        last = reconciler.last_poll_end or started
-        ok = time.time() - last < 3 * interval + 60
-        return ok, f"last poll {time.time() - last:.0f}s ago"
+        return loop_healthy(
+            time.time(), started, interval, reconciler.last_poll_end, reconciler.last_progress
+        )
 
     def ready() -> tuple[bool, str]:
         return informers.synced, "watch caches synced" if informers.synced else "watch caches syncing"

@@ -161,6 +161,10 @@ class Reconciler:
         self.states: dict[WorkloadRef, WorkloadState] = {}
         self.poll_count = 0
         self.last_poll_end: float | None = None
+        # Inside a long poll (the first verdicts of 10,000 workloads: one write after another, minutes
+        # on a slow apiserver) this moves with every workload applied, so /healthz can tell slow
+        # from stuck and the liveness probe does not restart a controller that is making progress.
+        self.last_progress: float | None = None
 
     async def _load_ledger(self) -> None:
         """One read of the replica ledger per poll (a failure keeps the previous copy)."""
@@ -341,6 +345,7 @@ class Reconciler:
                     outcome = "error"
                 if outcome != "none":
                     result.actions.append((ref, outcome))
+                self.last_progress = self.clock()
         if leader:
             # Run-length: only changed rows reach the file (decisions.py).
             self.decision_log.record_poll(

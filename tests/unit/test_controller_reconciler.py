@@ -790,3 +790,21 @@ async def test_a_restart_keeps_the_recorded_verdicts_through_its_warm_up(tmp_pat
     assert (h.verdict("busy"), h.verdict("done")) == ("ACTIVE", "FINISHED_IDLE")
     assert [n for n, _ in h.cluster.events if n in ("busy", "done")] == ["done", "done"]
     assert {ref.name for ref, _, _ in h.cluster.patches} == {"done"}
+
+
+async def test_progress_moves_with_each_workload_written(tmp_path: Path) -> None:
+    h = Harness(tmp_path)
+    h.add("busy", util=80.0)
+    h.add("done", table=FINISHED)
+    seen: list[float | None] = []
+    original = h.rec.apply
+
+    async def apply(*args: object, **kwargs: object) -> str:
+        seen.append(h.rec.last_progress)
+        h.clock += 7  # each write takes time
+        return await original(*args, **kwargs)  # type: ignore[arg-type]
+
+    h.rec.apply = apply  # type: ignore[method-assign]
+    await h.polls(3)  # K = 3: the third poll writes both first verdicts
+    assert len(seen) == 2 and seen[1] is not None
+    assert h.rec.last_progress is not None and h.rec.last_progress > seen[1]
