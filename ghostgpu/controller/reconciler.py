@@ -315,6 +315,7 @@ class Reconciler:
         processes, readings = await self.gather(eligible, now)
         leader = self.is_leader()
         rows: list[DecisionRow] = []
+        records: list[_Apply] = []  # verdict/annotation writes only, no action
         for ref, (wl, pods, st) in eligible.items():
             xids = [x for p in pods for x in readings[PodKey(p.namespace, p.name)].xids]
             faults = workload_faults([p.faults for p in pods], xids)
@@ -333,19 +334,16 @@ class Reconciler:
             # Reasons are StrEnum members: equal to, and serialised as, their string values.
             rows.append((str(ref), verdict.kind.value, verdict.reasons, gpus, p.action))
             if leader:
-                if p.action in _NO_ACTION and not p.record and not _reasons_changed(recorded, verdict):
-                    # Nothing to write or do (most workloads on most polls): no apply() call.
-                    if verdict.kind not in RECLAIMABLE_KINDS:
-                        st.escalated_for = st.blocked_for = None
+                if p.action in _NO_ACTION:
+                    if p.record or _reasons_changed(recorded, verdict):
+                        records.append((wl, pods, st, verdict, evidence, p))
+                    elif verdict.kind not in RECLAIMABLE_KINDS:
+                        st.escalated_for = st.blocked_for = None  # what apply() would do: no call
                     continue
-                try:
-                    outcome = await self.apply(wl, pods, st, verdict, evidence, p)
-                except Exception as exc:  # one workload's failure must not stop the poll
-                    log.exception("action failed", extra={"workload": str(ref), "error": str(exc)})
-                    outcome = "error"
-                if outcome != "none":
-                    result.actions.append((ref, outcome))
-                self.last_progress = self.clock()
+                # Reclaims and escalations: one at a time, in order (the ledger ConfigMap is shared).
+                await self._apply_one(result, wl, pods, st, verdict, evidence, p)
+        if records:
+            await self._apply_records(result, records)
         if leader:
             # Run-length: only changed rows reach the file (decisions.py).
             self.decision_log.record_poll(
@@ -374,6 +372,31 @@ class Reconciler:
         return result
 
     # --- step 4: writes (leader only) ----------------------------------------------------------
+
+    async def _apply_one(self, result: PollResult, *args: Any) -> None:
+        wl = args[0]
+        try:
+            outcome = await self.apply(*args)
+        except Exception as exc:  # one workload's failure must not stop the poll
+            log.exception("action failed", extra={"workload": str(wl.ref), "error": str(exc)})
+            outcome = "error"
+        if outcome != "none":
+            result.actions.append((wl.ref, outcome))
+        self.last_progress = self.clock()
+
+    async def _apply_records(self, result: PollResult, records: Sequence[_Apply]) -> None:
+        """Verdict writes (annotations, Events; nothing scaled or evicted) with up to
+        WRITE_CONCURRENCY in flight: the first verdicts of a large fleet are one such write per
+        workload (3 requests with the dry-run), minutes when issued one after another. Each
+        workload's own requests stay in order; a few workers share one iterator, so no task or
+        coroutine is made per workload."""
+        todo = iter(records)
+
+        async def worker() -> None:
+            for args in todo:
+                await self._apply_one(result, *args)
+
+        await asyncio.gather(*(worker() for _ in range(min(WRITE_CONCURRENCY, len(records)))))
 
     async def apply(
         self,
@@ -669,6 +692,12 @@ def _verdict_of(wl: Workload | Mapping[str, str]) -> VerdictKind | None:
     except ValueError:
         return None
 
+
+# Verdict writes in flight at once (Reconciler._apply_records).
+WRITE_CONCURRENCY = 8
+
+# apply()'s arguments for one workload.
+_Apply = tuple[Workload, list[PodView], WorkloadState, Verdict, Evidence, Plan]
 
 # Plans that do nothing beyond recording the verdict (see planner.ActionKind).
 _NO_ACTION = frozenset({"none", "would-reclaim", "disabled"})

@@ -9,6 +9,7 @@ escalations are sent once per verdict.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime, timedelta
@@ -808,3 +809,37 @@ async def test_progress_moves_with_each_workload_written(tmp_path: Path) -> None
     await h.polls(3)  # K = 3: the third poll writes both first verdicts
     assert len(seen) == 2 and seen[1] is not None
     assert h.rec.last_progress is not None and h.rec.last_progress > seen[1]
+
+
+async def test_verdict_writes_overlap_but_stay_bounded_and_ordered_per_workload(tmp_path: Path) -> None:
+    """The first verdicts of a fleet are one write each: a few in flight at once (not one after
+    another, not one task per workload), each workload's annotations before its Event."""
+    from ghostgpu.controller.reconciler import WRITE_CONCURRENCY
+
+    h = Harness(tmp_path)
+    names = [f"w{i:02d}" for i in range(3 * WRITE_CONCURRENCY)]
+    for name in names:
+        h.add(name, util=50.0)
+    in_flight, peak, order = 0, 0, []
+    patch, event = h.cluster.patch_annotations, h.cluster.event
+
+    async def slow_patch(ref: WorkloadRef, ann: Any, **kw: Any) -> Any:
+        nonlocal in_flight, peak
+        in_flight += 1
+        peak = max(peak, in_flight)
+        await asyncio.sleep(0.01)  # a round trip
+        in_flight -= 1
+        order.append(("patch", ref.name))
+        return await patch(ref, ann, **kw)
+
+    async def logged_event(involved: Any, **kw: Any) -> None:
+        order.append(("event", involved["metadata"]["name"]))
+        await event(involved, **kw)
+
+    h.cluster.patch_annotations = slow_patch  # type: ignore[method-assign]
+    h.cluster.event = logged_event  # type: ignore[method-assign]
+    await h.polls(3)  # K = 3: every workload's first verdict
+    assert {h.verdict(n) for n in names} == {"ACTIVE"}
+    assert 1 < peak <= WRITE_CONCURRENCY
+    for name in names:
+        assert order.index(("patch", name)) < order.index(("event", name))
