@@ -469,7 +469,13 @@ def test_real_prometheus_utilization(
             spec = QuerySpec.from_preset(MetricsConfig().dcgm, max_sample_age=30)
             return await UtilizationSource(c, spec).poll(keys, now=time.time())
 
-    out = wait_for(lambda: (r := asyncio.run(poll())) and r[keys[0]].utilization == 42.0 and r, 30, "scrape")
+    def scraped() -> dict | None:
+        # The three set() calls are not atomic: a scrape can land between them, so wait for
+        # one that holds both pods' series rather than for the first pod alone.
+        r = asyncio.run(poll())
+        return r if r[keys[0]].utilization == 42.0 and r[keys[1]].xids else None
+
+    out = wait_for(scraped, 30, "scrape of both pods")
     assert out[keys[1]].utilization == 0.0 and [x.code for x in out[keys[1]].xids] == [79]
     assert getattr(out[keys[2]].utilization, "reason", None) == "missing"
 
