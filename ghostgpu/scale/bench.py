@@ -58,6 +58,10 @@ class SizeResult:
     warmup: list[dict[str, Any]] = field(default_factory=list)  # the controller's first polls
     states: dict[str, int] = field(default_factory=dict)
     server_side: dict[str, float] = field(default_factory=dict)
+    # Every poll of the controller as the probe measured it, and its start-up (cache sync) figures:
+    # the raw rows behind the medians, kept in --json-out so the docs cite the command's output.
+    polls: list[dict[str, Any]] = field(default_factory=list)
+    startup: dict[str, Any] = field(default_factory=dict)
 
     def ratio(self, attr: str) -> float | None:
         mine, theirs = getattr(self.ghostgpu, attr), getattr(self.naive, attr)
@@ -134,6 +138,26 @@ def _run(argv: list[str], log_file: Path, timeout: float) -> None:
 
 def _rows(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+POLL_KEYS = (
+    "poll",
+    "wall_s",
+    "cpu_s",
+    "process_cpu_s",
+    "gc_s",
+    "rss_mib",
+    "peak_rss_mib",
+    "prometheus_queries",
+    "apiserver_requests",
+    "exec_calls",
+    "states",
+)
+
+
+def poll_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The probe's rows, reduced to the figures the docs cite (missing keys are left out)."""
+    return [{k: r[k] for k in POLL_KEYS if k in r} for r in rows]
 
 
 def summarise_controller(rows: list[dict[str, Any]], window: int) -> tuple[Side, list[dict[str, Any]]]:
@@ -266,6 +290,8 @@ async def _measure(
         naive=theirs,
         warmup=warm,
         states=crows[-1]["states"],
+        polls=poll_rows(crows),
+        startup=json.loads(out.with_suffix(".startup.json").read_text()),
         server_side={
             "controller_prometheus_queries_total": q1 - q0,
             "controller_exec_total": e1 - e0,

@@ -46,3 +46,20 @@ def test_cpu_target_is_checked_against_the_stricter_figure() -> None:
     assert met["CPU per poll"] is True
     table = markdown([_result(0.8, 0.9)])
     assert "| 0.800 | 0.900 |" in table and "| 9.000 | — |" in table
+
+
+def test_the_saved_json_keeps_every_poll_and_reads_back() -> None:
+    import json
+
+    from ghostgpu.scale.bench import BenchConfig, from_json, poll_rows, to_json
+
+    rows = [{**_row(i + 1, 0.5, 0.5 * (i + 1)), "states": {"ACTIVE": 3}, "probe_only": 1} for i in range(4)]
+    res = _result(0.5, 0.6)
+    res.polls, res.startup = poll_rows(rows), {"sync_s": 2.5}
+    assert all("probe_only" not in r for r in res.polls) and res.polls[3]["states"] == {"ACTIVE": 3}
+    back = from_json(json.loads(json.dumps(to_json([res], BenchConfig()))))
+    assert back[0].polls == res.polls and back[0].startup == {"sync_s": 2.5}
+    old = to_json([res], BenchConfig())
+    for r in old["results"]:  # a JSON saved before the rows were kept still reads
+        del r["polls"], r["startup"]
+    assert from_json(old)[0].polls == []
