@@ -117,6 +117,46 @@ def prometheus_url(devcluster: DevCluster) -> str:
 def applied_bundles(devcluster: DevCluster) -> dict[str, list[str]]:
     """Every object of the three bundles, server-side applied once per session: {bundle: errors}."""
     try:
-        return apply_bundles(devcluster.kube)
+        errors = apply_bundles(devcluster.kube)
     except FileNotFoundError as e:
         pytest.fail(str(e))
+    if not any(errors.values()):
+        _wait_until_tracking_is_live(devcluster)
+    return errors
+
+
+def _wait_until_tracking_is_live(devcluster: DevCluster) -> None:
+    """An applied policy is not yet an active one: Kyverno has to see it and (re)configure its
+    webhook first. Probe with a dry-run GPU Deployment in an opted-in namespace until it comes back
+    labelled, so the first test's create does not race that set-up."""
+    from kubernetes import client
+    from polling import eventually
+
+    ns = f"bundle-probe-{uuid.uuid4().hex[:8]}"
+    opted_in = {"name": ns, "labels": {"ghostgpu.io/reclaim": "enabled"}}
+    devcluster.kube.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": opted_in})
+    gpu = {"limits": {"nvidia.com/gpu": "1"}}
+    probe = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": "probe"},
+        "spec": {
+            "selector": {"matchLabels": {"app": "probe"}},
+            "template": {
+                "metadata": {"labels": {"app": "probe"}},
+                "spec": {"containers": [{"name": "main", "image": "busybox", "resources": gpu}]},
+            },
+        },
+    }
+    apps = client.AppsV1Api(devcluster.kube.api_client)
+    try:
+        eventually(
+            lambda: (apps.create_namespaced_deployment(ns, probe, dry_run="All").metadata.labels or {}).get(
+                "ghostgpu.io/tracked"
+            )
+            == "true",
+            timeout=90,
+            what="the tracking policy to label a GPU Deployment at admission",
+        )
+    finally:
+        devcluster.kube.delete("v1", "Namespace", ns)

@@ -134,6 +134,16 @@ def test_deployment_in_a_namespace_with_default_localqueue_goes_to_kueue_untrack
         timeout=90,
         what="generated LocalQueue default",
     )
+    # Kueue's webhook defaults the queue name from its in-memory queue manager, which learns of the
+    # LocalQueue from its own informer, a moment after the object exists: wait for that, by dry-run.
+    eventually(
+        lambda: labels_of(
+            apps(devcluster).create_namespaced_deployment(ns, deployment("serving"), dry_run="All")
+        ).get(QUEUE)
+        == "default",
+        timeout=30,
+        what="Kueue's queue manager to know LocalQueue default",
+    )
     created = apps(devcluster).create_namespaced_deployment(ns, deployment("serving"))
     labels = labels_of(created)
     assert labels.get(QUEUE) == "default"  # Kueue's LocalQueue defaulting, not ghostgpu

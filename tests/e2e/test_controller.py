@@ -334,14 +334,20 @@ def test_shadow_then_enforce_then_restore(
     )
     try:
         shadow.wait_polls(LONG_WINDOW + 1, timeout=180)
-        # The batch gap starts now: zero utilization, live processes, shorter than longWindow.
-        sc.dcgm.set(sc.ns, sc.pods["active-gap"], util=0.0)
-        shadow.wait_polls(WINDOW + 2)
         wait_for(sc.all_as_expected, 60, "shadow verdicts")
+        # The batch gap starts now: zero utilization, live processes, shorter than longWindow.
+        # Wait for its own evidence (a full window of zeros), not for a poll count: that reading
+        # lasts from WINDOW to LONG_WINDOW - 1 zero samples, after which it is IDLE_HELD.
+        sc.dcgm.set(sc.ns, sc.pods["active-gap"], util=0.0)
+
+        def gap_seen() -> dict[str, Any] | None:
+            ev = json.loads(sc.annotations("active-gap").get("ghostgpu.io/evidence", "{}"))
+            return ev if "idle-below-hold" in ev.get("reasons", []) else None
+
+        gap_evidence = wait_for(gap_seen, 60, "the batch gap in active-gap's evidence")
         got = {n: sc.verdict(n) for n in sc.FLEET}
         assert got["exempt"] is None, "an exempt workload is never touched, not even annotated"
         assert {n: got[n] for n in sc.expected_verdicts()} == sc.expected_verdicts()
-        gap_evidence = json.loads(sc.annotations("active-gap")["ghostgpu.io/evidence"])
         assert gap_evidence["util"] == [0.0] * WINDOW and gap_evidence["procs"]["live"] >= 2
         assert "idle-below-hold" in gap_evidence["reasons"]
         zombie_evidence = json.loads(sc.annotations("zombie")["ghostgpu.io/evidence"])
@@ -421,6 +427,11 @@ def test_leader_killed_mid_window(
 ) -> None:
     """Two replicas in enforce mode; the leader is SIGKILLed before the window completes."""
     sc = scenario
+    # The ghosts look busy until replica-a is dead: otherwise replica-a can complete a window (and be
+    # killed between a scale and its Event) before replica-b has even synced. At most one stale zero
+    # is read before the busy value is scraped; a window needs WINDOW zeros in a row.
+    for name in RECLAIMED:
+        sc.dcgm.set(sc.ns, sc.pods[name], util=50.0)
     cfg = controller_config(tmp_path, prometheus_url, "enforce")
     a = Controller(devcluster.kubeconfig, cfg, tmp_path, "replica-a")
     b: Controller | None = None
@@ -431,6 +442,9 @@ def test_leader_killed_mid_window(
         assert b.metric("ghostgpu_leader") == 0
         a.stop(signal.SIGKILL)  # mid-window: no graceful lease release
         killed_at = time.monotonic()
+        for name in RECLAIMED:  # the idle window starts now, and only replica-b can complete it
+            sc.dcgm.set(sc.ns, sc.pods[name], util=0.0)
+        assert not [n for n in RECLAIMED if sc.replicas(n) == 0], "replica-a acted before it was killed"
         wait_for(
             lambda: b.metric("ghostgpu_leader") == 1, 12, "replica-b takes over within 2 lease durations"
         )
@@ -566,8 +580,10 @@ def test_pending_job_admitted_once_ghosts_are_gone(
             return any("fit" in c.get("message", "") for c in pending)
 
         wait_for(does_not_fit, 60, "Kueue to find that the Job does not fit")
-        time.sleep(2 * POLL)
-        assert cq_status().get("admittedWorkloads", 0) == 0 and cq_status().get("pendingWorkloads") == 1
+        time.sleep(2 * POLL)  # for the negative below: nothing gets admitted meanwhile
+        # The ClusterQueue's counters come from another Kueue reconciler, which batches its writes.
+        wait_for(lambda: cq_status().get("pendingWorkloads") == 1, 30, "the ClusterQueue to count the Job")
+        assert cq_status().get("admittedWorkloads", 0) == 0
         assert batch.read_namespaced_job("needs-a-node", ns).spec.suspend is True
 
         def status() -> dict[str, Any]:

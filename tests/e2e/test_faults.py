@@ -703,7 +703,18 @@ def test_leader_killed_mid_scale_acts_once_and_loses_nothing(
             90,
             "ghosts at 0",
         )
-        time.sleep(3)  # more polls: nothing is acted on twice, nothing live is touched
+        # Each Reclaimed Event is posted after its scale: wait for them all, then a few more polls
+        # for the negatives (nothing is acted on twice, nothing live is touched).
+        _wait(
+            lambda: all(
+                any(e.reason == "Reclaimed" for e in core.list_namespaced_event(
+                    ns, field_selector=f"involvedObject.name={n}").items)
+                for n in ghosts
+            ),
+            30,
+            "a Reclaimed Event for every ghost",
+        )  # fmt: skip
+        time.sleep(3)
         for name, truth in fleet.items():
             dep = apps.read_namespaced_deployment(name, ns)
             ann = dep.metadata.annotations or {}
