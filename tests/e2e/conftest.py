@@ -21,6 +21,7 @@ from __future__ import annotations
 import os
 import time
 import uuid
+import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -85,6 +86,8 @@ def make_namespace(devcluster: DevCluster) -> Iterator[Callable[..., str]]:
     while created and time.monotonic() < deadline:
         created = [n for n in created if devcluster.kube.get("v1", "Namespace", n) is not None]
         time.sleep(0.5)
+    if created:  # not a failure of this test, but the likely cause of a later test's surprise
+        warnings.warn(f"namespaces still terminating after 90 s: {created}", stacklevel=1)
 
 
 @pytest.fixture

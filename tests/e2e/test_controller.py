@@ -362,9 +362,9 @@ def test_shadow_then_enforce_then_restore(
             assert all(a != b for a, b in itertools.pairwise(seq)), (name, seq)
         for name in RECLAIMABLE:
             assert sc.events(name, "WouldReclaim") == 1
-        assert shadow.metric("ghostgpu_would_reclaims_total") == len(RECLAIMABLE)
-        assert shadow.metric("ghostgpu_reclaims_total") == 0
-        assert shadow.metric("ghostgpu_ghost_gpus", verdict="FINISHED_IDLE") == 4
+        assert shadow.metric("ghostgpu_would_reclaims_total", namespace=sc.ns) == len(RECLAIMABLE)
+        assert shadow.metric("ghostgpu_reclaims_total", namespace=sc.ns) == 0
+        assert shadow.metric("ghostgpu_ghost_gpus", namespace=sc.ns, verdict="FINISHED_IDLE") == 4
         assert shadow.metric("ghostgpu_poll_duration_seconds_count") >= LONG_WINDOW
         assert httpx.get(f"http://127.0.0.1:{shadow.port}/healthz").status_code == 200
         assert httpx.get(f"http://127.0.0.1:{shadow.port}/readyz").status_code == 200
@@ -399,7 +399,7 @@ def test_shadow_then_enforce_then_restore(
         for name in reclaimed:
             assert sc.events(name, "Reclaimed") == 1
         assert sc.events("guarded-pod", "EvictionBlocked") == 1, "retried every poll, announced once"
-        assert enforce.metric("ghostgpu_reclaims_total") == len(reclaimed)
+        assert enforce.metric("ghostgpu_reclaims_total", namespace=sc.ns) == len(reclaimed)
     finally:
         enforce.stop()
 
@@ -752,8 +752,8 @@ def test_unwritable_deployment_is_reclaimed_via_the_ledger_and_restored(
         assert sc.events("legacy-ghost", "ReclaimBlocked") == 0
         assert "ghostgpu.io/reclaimed-from-replicas" not in sc.annotations("legacy-ghost")
         assert QUEUE_LABEL not in (deployed.metadata.labels or {}), "ghostgpu never adds queue-name"
-        assert controller.metric("ghostgpu_annotation_fallbacks_total") >= 1
-        assert controller.metric("ghostgpu_reclaims_total") == 1
+        assert controller.metric("ghostgpu_annotation_fallbacks_total", namespace=ns) >= 1
+        assert controller.metric("ghostgpu_reclaims_total", namespace=ns) == 1
     finally:
         controller.stop()
     try:
@@ -874,7 +874,7 @@ def test_verdict_on_a_deployment_with_no_ready_replicas_never_adds_queue_name(
         assert deployed.metadata.generation == generation, "the pod template is unchanged"
         assert "ghostgpu.io/verdict" not in (deployed.metadata.annotations or {})
         assert (deployed.status.ready_replicas or 0) == 0, "still the 0-ready case"
-        assert controller.metric("ghostgpu_annotation_fallbacks_total") >= 1
+        assert controller.metric("ghostgpu_annotation_fallbacks_total", namespace=ns) >= 1
         assert sc.events(name, "WouldReclaim") == 1
     finally:
         controller.stop()
@@ -983,8 +983,8 @@ def test_risk_gate_scales_the_cheap_reclaim_and_escalates_the_dear_one(
             actions.setdefault(d["workload"].rsplit("/", 1)[-1], set()).add(d["action"])
         assert actions[cheap] - {"none"} == {"scale-to-zero"}, actions
         assert actions[dear] - {"none"} == {"escalate"}, actions
-        assert controller.metric("ghostgpu_reclaims_total") == 1
-        assert controller.metric("ghostgpu_escalations_total") == 1
+        assert controller.metric("ghostgpu_reclaims_total", namespace=ns) == 1
+        assert controller.metric("ghostgpu_escalations_total", namespace=ns) == 1
     finally:
         if controller is not None:
             controller.stop()
