@@ -31,7 +31,7 @@ class ConfigIssue:
     def format(self, source: str) -> str:
         where = f" (line {self.line})" if self.line else ""
         path = f"{self.path}: " if self.path else ""
-        return f"{source}: {path}{self.message}{where}"
+        return f"{source}: {path}{_bounded(self.message)}{where}"
 
 
 @dataclass
@@ -52,12 +52,32 @@ class ConfigError(Exception):
 MAX_KEY_IN_MESSAGE = 80
 
 
+# Longer messages are cut: the checks echo offending values back ("got '...'"), one place bounds them.
+MAX_MESSAGE = 1000
+
+
+def _shortened(text: str) -> str:
+    return f"{text[:40]}…({len(text):,} characters)"
+
+
+def _bounded(message: str) -> str:
+    """The message with each over-long word (a huge value echoed back) shortened, and cut at
+    MAX_MESSAGE characters overall."""
+    if len(message) <= MAX_KEY_IN_MESSAGE:
+        return message
+    words = message.split(" ")
+    message = " ".join(_shortened(w) if len(w) > MAX_KEY_IN_MESSAGE else w for w in words)
+    if len(message) > MAX_MESSAGE:
+        message = f"{message[:MAX_MESSAGE]}…({len(message):,} characters)"
+    return message
+
+
 def format_path(parts: Sequence[PathPart]) -> str:
     """('teams', 1, 'quota', 'h100') -> 'teams[1].quota.h100'; odd keys are quoted."""
     out = ""
     for part in parts:
         if isinstance(part, str) and len(part) > MAX_KEY_IN_MESSAGE:
-            part = f"{part[:40]}…({len(part):,} characters)"
+            part = _shortened(part)
         if isinstance(part, int):
             out += f"[{part}]"
         elif part.replace("-", "").replace("_", "").isalnum():
@@ -69,6 +89,18 @@ def format_path(parts: Sequence[PathPart]) -> str:
 
 class _StrictLoader(yaml.SafeLoader):
     """SafeLoader that rejects duplicate keys: PyYAML would silently keep the last one."""
+
+    def construct_object(self, node: yaml.Node, deep: bool = False) -> Any:
+        # PyYAML lets a few scalars escape as bare ValueErrors (a date such as 2026-13-45, an
+        # integer over Python's 4,300-digit limit): make them YAML errors with their line.
+        try:
+            return super().construct_object(node, deep=deep)
+        except (ValueError, OverflowError) as exc:
+            value = str(node.value)
+            shown = repr(value) if len(value) <= MAX_KEY_IN_MESSAGE else _shortened(value)
+            raise yaml.constructor.ConstructorError(
+                None, None, f"cannot read the value {shown}: {exc}", node.start_mark
+            ) from None
 
 
 def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:

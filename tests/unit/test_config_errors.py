@@ -248,3 +248,28 @@ def test_fair_sharing_strategies_must_be_a_list_kueue_accepts() -> None:
     [line] = errors(text)
     assert line.startswith("cluster.yaml: kueue.fairSharing.preemptionStrategies: expected one of")
     load_config_text(GOOD + "kueue:\n  fairSharing:\n    preemptionStrategies: [LessThanInitialShare]\n")
+
+
+def test_a_huge_value_is_not_echoed_back_in_full() -> None:
+    # Found by the fuzz suite: a 20,000-character apiVersion came back whole in "got '...'".
+    [line] = errors('apiVersion: "' + "9" * 19_950 + '"\n' + GOOD)
+    assert line.startswith("cluster.yaml: apiVersion: expected 'ghostgpu.io/v1alpha1', got '99")
+    assert "…(19,952 characters) (line 1)" in line and len(line) < 200
+    words = " ".join(["word"] * 600)  # long through many short words: cut as a whole
+    [line] = errors(f"apiVersion: {words}\n" + GOOD)
+    assert line.endswith("…(3,038 characters) (line 1)") and len(line) < 1_100
+
+
+@pytest.mark.parametrize(
+    ("value", "shown"),
+    [
+        ("2026-13-45", "'2026-13-45': month must be in 1..12"),
+        ("9" * 5_000, "9" * 40 + "…(5,000 characters): "),
+    ],
+)
+def test_a_value_yaml_cannot_construct_is_a_clear_error_not_a_crash(value: str, shown: str) -> None:
+    # PyYAML raises a bare ValueError for these (a date out of range, an int over 4,300 digits).
+    [line] = errors(GOOD.replace("cohorts:\n", f"cohorts:\n  - name: {value}\n", 1))
+    assert (
+        line.startswith(f"cluster.yaml: invalid YAML: cannot read the value {shown}") and "(line 7)" in line
+    )
