@@ -12,6 +12,10 @@ One ConfigMap (`ghostgpu-replica-ledger`) in the controller's namespace, one key
 `{"replicas": N, "uid": "...", "at": "...Z"}`. Every write is a read-modify-PUT with the
 ConfigMap's resourceVersion as precondition, retried on conflict; `take` removes an entry the
 same way, so two concurrent restores cannot both get it.
+
+Entries whose workload is gone, or was re-created under a new uid, are useless (restore refuses
+them) and would only grow the ConfigMap (read every poll; 1 MiB at most): the controller's leader
+removes them (`remove_stale`), each confirmed by a fresh GET first (reconciler.py).
 """
 
 from __future__ import annotations
@@ -80,6 +84,19 @@ def ledger_key(ref: WorkloadRef) -> str:
     return f"{key[: MAX_KEY - 17]}.{digest}"
 
 
+_KINDS = {"deployment": "Deployment", "statefulset": "StatefulSet"}
+
+
+def ref_of_key(key: str) -> WorkloadRef | None:
+    """The workload a key was written for, or None when that cannot be known for sure: a key of
+    MAX_KEY characters may have been shortened with a digest, and its name is then cut."""
+    ns, _, rest = key.partition(".")
+    kind, _, name = rest.partition(".")
+    if len(key) >= MAX_KEY or not ns or not name or kind not in _KINDS:
+        return None
+    return WorkloadRef(_KINDS[kind], ns, name)
+
+
 def parse_entries(data: Mapping[str, str]) -> dict[str, LedgerEntry]:
     out: dict[str, LedgerEntry] = {}
     for key, raw in data.items():
@@ -142,5 +159,39 @@ class ReplicaLedger:
             return entry
         raise LedgerError(f"{self.namespace}/{self.name}: still conflicting after {ATTEMPTS} attempts")
 
+    async def remove_stale(self, stale: Mapping[str, str]) -> int:
+        """Remove the entries named in `stale` (key -> the uid it was judged stale for) that still
+        hold that uid, in one write with the ConfigMap's resourceVersion as precondition: an entry
+        rewritten meanwhile (a new reclaim of a re-created workload) is kept. Returns how many went."""
+        for _ in range(ATTEMPTS):
+            cm = await self.store.get_configmap(self.namespace, self.name)
+            if cm is None:
+                return 0
+            data = dict(cm.get("data") or {})
+            gone = [
+                key
+                for key, uid in stale.items()
+                if (entry := LedgerEntry.parse(data.get(key, ""))) is not None and entry.uid == uid
+            ]
+            if not gone:
+                return 0
+            for key in gone:
+                del data[key]
+            cm["data"] = data
+            try:
+                await self.store.replace_configmap(cm)
+            except Conflict:
+                continue
+            return len(gone)
+        raise LedgerError(f"{self.namespace}/{self.name}: still conflicting after {ATTEMPTS} attempts")
 
-__all__ = ["LEDGER_NAME", "LedgerEntry", "LedgerError", "LedgerStore", "ReplicaLedger", "ledger_key"]
+
+__all__ = [
+    "LEDGER_NAME",
+    "LedgerEntry",
+    "LedgerError",
+    "LedgerStore",
+    "ReplicaLedger",
+    "ledger_key",
+    "ref_of_key",
+]

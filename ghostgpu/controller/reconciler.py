@@ -48,7 +48,7 @@ from ghostgpu.controller.inventory import (
     pods_by_workload,
 )
 from ghostgpu.controller.kube import AdmissionDenied, Cluster, Conflict, NotFound
-from ghostgpu.controller.ledger import LedgerEntry, ReplicaLedger, ledger_key
+from ghostgpu.controller.ledger import LedgerEntry, ReplicaLedger, ledger_key, ref_of_key
 from ghostgpu.controller.metrics import ControllerMetrics
 from ghostgpu.controller.planner import Plan, plan
 from ghostgpu.signals.artifacts import (
@@ -81,6 +81,10 @@ log = logging.getLogger("ghostgpu.controller")
 # gone before it is judged again (a scale-down reaches the cache within seconds; pods terminate
 # within their grace period, 30 s by default).
 RECLAIM_SETTLE_SECONDS = 300.0
+# Stale replica-ledger entries (workload deleted or re-created) are looked for this often, and at
+# most this many are confirmed by a GET per round: a bounded, rare cost next to a poll.
+LEDGER_PRUNE_INTERVAL_S = 600.0
+LEDGER_PRUNE_BATCH = 50
 
 
 @dataclass
@@ -137,6 +141,7 @@ class Reconciler:
         # Where replica counts go when the workload's annotations cannot be written (ledger.py).
         self.ledger = ledger
         self.ledger_entries: dict[str, LedgerEntry] = {}
+        self.ledger_pruned_at: float | None = None
         # Pods of workloads this process scaled to zero: until the watch cache shows them gone, the
         # workload is not judged again (a stale poll would exec into a dying pod and write an UNKNOWN
         # verdict onto a workload at zero ready replicas, which Kueue's webhook then accepts and
@@ -174,6 +179,52 @@ class Reconciler:
             self.ledger_entries = await self.ledger.entries()
         except Exception as exc:
             log.warning("cannot read the replica ledger", extra={"error": f"{type(exc).__name__}: {exc}"})
+
+    async def prune_ledger(self, snap: Snapshot, now: float) -> int:
+        """Remove ledger entries whose workload is gone or was re-created (another uid): restore
+        refuses those, and they would only grow the ConfigMap read every poll. Leader only, every
+        LEDGER_PRUNE_INTERVAL_S. An entry whose workload the cache shows with the same uid is kept
+        without a request; any other is removed only after a fresh GET answers 404 or another uid.
+        Any doubt (an error, an untracked but existing workload, a key that cannot be read back to
+        a workload) keeps the entry: a lost replica count cannot be recovered."""
+        if self.ledger is None or not self.ledger_entries:
+            return 0
+        if self.ledger_pruned_at is not None and now - self.ledger_pruned_at < LEDGER_PRUNE_INTERVAL_S:
+            return 0
+        self.ledger_pruned_at = now
+        stale: dict[str, str] = {}
+        checked = 0
+        for key, entry in sorted(self.ledger_entries.items()):
+            ref = ref_of_key(key)
+            wl = snap.workloads.get(ref) if ref is not None else None
+            if ref is None or (wl is not None and wl.uid == entry.uid):
+                continue
+            if checked == LEDGER_PRUNE_BATCH:
+                break  # the rest next round
+            checked += 1
+            try:
+                uid = str(((await self.cluster.get(ref)).get("metadata") or {}).get("uid", ""))
+            except NotFound:
+                stale[key] = entry.uid
+                continue
+            except Exception as exc:
+                log.warning(
+                    "cannot check a ledger entry", extra={"workload": str(ref), "error": str(exc)[:300]}
+                )
+                continue
+            if entry.uid and uid != entry.uid:
+                stale[key] = entry.uid
+        if not stale:
+            return 0
+        try:
+            removed = await self.ledger.remove_stale(stale)
+        except Exception as exc:
+            log.warning("cannot prune the replica ledger", extra={"error": f"{type(exc).__name__}: {exc}"})
+            return 0
+        for key in stale:
+            self.ledger_entries.pop(key, None)
+        log.info("pruned the replica ledger", extra={"removed": removed, "entries": sorted(stale)})
+        return removed
 
     def reclaimed_from(self, wl: Workload) -> int | None:
         """`reclaimed-from-replicas` from the workload's annotation, else from the ledger (an entry
@@ -355,6 +406,7 @@ class Reconciler:
             )
             self._accrue(snap, result)
             await self.nudge_kueue(result)
+            await self.prune_ledger(snap, now)
         result.duration = time.monotonic() - t0
         self.metrics.poll_duration.observe(result.duration)
         self.metrics.set_workload_states(result.states)

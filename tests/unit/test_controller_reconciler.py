@@ -22,9 +22,14 @@ from ghostgpu.config import ControllerConfig
 from ghostgpu.controller.decisions import DecisionLog, parse_lines, summarize
 from ghostgpu.controller.inventory import WorkloadRef, gpu_predicate, pod_view, workload_from
 from ghostgpu.controller.kube import AdmissionDenied, Conflict, NotFound, WouldMutate
-from ghostgpu.controller.ledger import LedgerEntry, ReplicaLedger, ledger_key
+from ghostgpu.controller.ledger import LedgerEntry, ReplicaLedger, ledger_key, ref_of_key
 from ghostgpu.controller.metrics import ControllerMetrics
-from ghostgpu.controller.reconciler import RECLAIM_SETTLE_SECONDS, Reconciler, Snapshot
+from ghostgpu.controller.reconciler import (
+    LEDGER_PRUNE_INTERVAL_S,
+    RECLAIM_SETTLE_SECONDS,
+    Reconciler,
+    Snapshot,
+)
 from ghostgpu.signals.artifacts import FileArtifactProbe, Measurement
 from ghostgpu.signals.podexec import ExecFailed, ExecResult, PodRef
 from ghostgpu.signals.processes import ProcessSource
@@ -581,7 +586,8 @@ async def test_ledger_write_retries_on_conflict_and_blocks_when_impossible(tmp_p
     h = Harness(tmp_path, mode="enforce")
     h.add("legacy", table=FINISHED)
     h.cluster.deny.add("legacy")
-    # another workload's entry exists; a concurrent writer wins the first two writes
+    # another (existing) workload's entry exists; a concurrent writer wins the first two writes
+    h.objects[WorkloadRef("StatefulSet", "other", "x")] = {"metadata": {"name": "x", "uid": "uid-x"}}
     await ReplicaLedger(h.cluster, LEDGER[0]).record(  # type: ignore[arg-type]
         WorkloadRef("StatefulSet", "other", "x"), LedgerEntry(3, "uid-x", "2026-01-01T00:00:00Z")
     )
@@ -671,6 +677,92 @@ async def test_restore_from_the_ledger(tmp_path: Path) -> None:
     with pytest.raises(RestoreError, match="earlier object"):
         await restore_workload(h.cluster, ref, ledger)
     assert h.replicas("legacy") == 1
+
+
+async def test_the_leader_prunes_ledger_entries_only_once_their_workload_is_provably_gone(
+    tmp_path: Path,
+) -> None:
+    """Entries of deleted or re-created workloads go (restore refuses them; the ConfigMap is read
+    every poll and holds 1 MiB at most); anything in doubt stays, because a lost count is lost."""
+    h = Harness(tmp_path, mode="enforce")
+    h.add("legacy", table=FINISHED)
+    h.cluster.deny.add("legacy")
+    await h.polls(4)
+    assert h.replicas("legacy") == 0 and list(ledger_data(h)) == ["team-a.deployment.legacy"]
+    ledger = ReplicaLedger(h.cluster, LEDGER[0])  # type: ignore[arg-type]
+    entry = lambda uid: LedgerEntry(2, uid, "2026-01-01T00:00:00Z")  # noqa: E731
+    gone = WorkloadRef("Deployment", NS, "deleted.by.its.team")  # dots in a name are allowed
+    recreated = WorkloadRef("Deployment", NS, "recreated")
+    untracked = WorkloadRef("StatefulSet", "other", "db")  # exists, but not in the tracked cache
+    doubtful = WorkloadRef("StatefulSet", "other", "flaky")
+    long = WorkloadRef("Deployment", "n" * 63, "x" * 253)  # key shortened with a digest
+    h.objects[recreated] = deployment("recreated", replicas=0)  # the same name, a new uid
+    h.objects[untracked] = {"metadata": {"name": "db", "namespace": "other", "uid": "uid-db"}}
+    h.objects[doubtful] = {"metadata": {"name": "flaky", "namespace": "other", "uid": "uid-flaky"}}
+    uids = {
+        gone: "uid-gone",
+        recreated: "uid-old",
+        untracked: "uid-db",
+        doubtful: "uid-flaky",
+        long: "uid-long",
+    }
+    for ref, uid in uids.items():
+        await ledger.record(ref, entry(uid))
+    asked: list[WorkloadRef] = []
+    real_get = h.cluster.get
+
+    async def get(ref: WorkloadRef) -> dict:
+        asked.append(ref)
+        if ref == doubtful:
+            raise RuntimeError("500 Internal Server Error")
+        return await real_get(ref)
+
+    h.cluster.get = get  # type: ignore[method-assign]
+    snapshot = lambda: Snapshot(  # noqa: E731  (the tracked cache: legacy and recreated, not the others)
+        h.namespaces, {r: w for r, w in h.snapshot().workloads.items() if r.namespace == NS}, [], []
+    )
+    await h.rec.poll_once(snapshot())  # within the interval of the last round: nothing is checked
+    assert len(ledger_data(h)) == 6 and not [r for r in asked if r != recreated]
+    h.clock += LEDGER_PRUNE_INTERVAL_S
+    h.leader = False
+    await h.rec.poll_once(snapshot())
+    assert len(ledger_data(h)) == 6, "a follower never prunes"
+    h.leader = True
+    asked.clear()
+    await h.rec.poll_once(snapshot())
+    assert set(ledger_data(h)) == {ledger_key(r) for r in (WorkloadRef("Deployment", NS, "legacy"), untracked,
+                                                           doubtful, long)}  # fmt: skip
+    # legacy is in the cache with its entry's uid, and the long key cannot be read back: no GET
+    assert sorted(map(str, asked)) == sorted(map(str, [gone, recreated, untracked, doubtful]))
+    h.cluster.get = real_get  # type: ignore[method-assign]
+    del h.objects[doubtful]
+    h.clock += LEDGER_PRUNE_INTERVAL_S
+    await h.rec.poll_once(snapshot())
+    assert ledger_key(doubtful) not in ledger_data(h), "gone once the doubt is lifted (404)"
+    assert h.replicas("legacy") == 0 and ledger_data(h)[ledger_key(WorkloadRef("Deployment", NS, "legacy"))]
+
+
+async def test_ledger_remove_stale_keeps_an_entry_rewritten_meanwhile(tmp_path: Path) -> None:
+    h = Harness(tmp_path)
+    ledger = ReplicaLedger(h.cluster, LEDGER[0])  # type: ignore[arg-type]
+    ref = WorkloadRef("Deployment", NS, "web")
+    assert await ledger.remove_stale({ledger_key(ref): "uid-a"}) == 0  # no ConfigMap yet
+    await ledger.record(ref, LedgerEntry(3, "uid-b", ""))  # a new reclaim of the re-created object
+    assert await ledger.remove_stale({ledger_key(ref): "uid-a"}) == 0
+    assert ledger_data(h)[ledger_key(ref)]["uid"] == "uid-b"
+    h.cluster.cm_conflicts = 2  # a concurrent writer: read again, still remove only what matches
+    assert await ledger.remove_stale({ledger_key(ref): "uid-b"}) == 1 and ledger_data(h) == {}
+
+
+def test_ledger_keys_read_back_to_their_workload() -> None:
+    for ref in (
+        WorkloadRef("Deployment", "team-a", "web"),
+        WorkloadRef("StatefulSet", "ns", "db.primary.v2"),
+    ):
+        assert ref_of_key(ledger_key(ref)) == ref
+    assert ref_of_key(ledger_key(WorkloadRef("Deployment", "n" * 63, "x" * 253))) is None
+    for odd in ("", "ns", "ns.deployment", "ns.cronjob.x", ".deployment.x"):
+        assert ref_of_key(odd) is None
 
 
 def test_ledger_keys_and_entries() -> None:
