@@ -14,7 +14,6 @@ from __future__ import annotations
 import itertools
 import json
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -47,12 +46,6 @@ QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 # --- helpers -------------------------------------------------------------------------------------
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def controller_config(tmp: Path, prometheus_url: str, mode: str, **extra: object) -> Path:
     cfg = yaml.safe_load((REPO / "examples" / "ghostgpu.yaml").read_text())
     cfg["controller"].update(
@@ -78,25 +71,34 @@ class Controller:
     """One `ghostgpu controller` process."""
 
     def __init__(self, kubeconfig: Path, config: Path, tmp: Path, name: str, *extra: str) -> None:
-        self.port = free_port()
+        self._port: int | None = None  # --port 0: the process binds a free port and logs it
         self.log_path = tmp / f"{name}.log"
         self.decisions = tmp / f"{name}-decisions.jsonl"
         self.name = name
         cmd = [
             sys.executable, "-m", "ghostgpu.cli", "controller",
             "--config", str(config), "--kubeconfig", str(kubeconfig),
-            "--host", "127.0.0.1", "--port", str(self.port), "--identity", name,
+            "--host", "127.0.0.1", "--port", "0", "--identity", name,
             "--lease-namespace", LEASE_NS, "--lease-duration", "6", "--renew-deadline", "4",
             "--retry-period", "1", "--decision-log", str(self.decisions), *extra,
         ]  # fmt: skip
         self.log = self.log_path.open("w")
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, cwd=REPO)
 
+    @property
+    def port(self) -> int | None:
+        """The port the process bound (from its "controller starting" line); None until then."""
+        if self._port is None:
+            for line in self.log_path.read_text().splitlines():
+                if '"msg":"controller starting"' in line:
+                    self._port = int(json.loads(line)["port"])
+                    break
+        return self._port
+
     def metrics(self) -> str:
-        try:
-            return httpx.get(f"http://127.0.0.1:{self.port}/metrics", timeout=5).text
-        except httpx.ConnectError:
+        if self.port is None:
             return ""  # not listening yet
+        return httpx.get(f"http://127.0.0.1:{self.port}/metrics", timeout=5).text
 
     def metric(self, name: str, **labels: str) -> float:
         total = 0.0

@@ -617,7 +617,7 @@ async def test_injected_faults_never_reclaim_live_work_nor_lose_counts(
 def _controller(kubeconfig: Path, config: Path, tmp: Path, name: str) -> subprocess.Popen[bytes]:
     cmd = [
         sys.executable, "-m", "ghostgpu.cli", "controller", "--config", str(config),
-        "--kubeconfig", str(kubeconfig), "--host", "127.0.0.1", "--port", str(free_port()),
+        "--kubeconfig", str(kubeconfig), "--host", "127.0.0.1", "--port", "0",
         "--identity", name, "--lease-namespace", "ghostgpu-system", "--lease-duration", "6",
         "--renew-deadline", "4", "--retry-period", "1", "--decision-log", str(tmp / f"{name}.jsonl"),
     ]  # fmt: skip
