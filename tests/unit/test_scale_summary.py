@@ -63,3 +63,12 @@ def test_the_saved_json_keeps_every_poll_and_reads_back() -> None:
     for r in old["results"]:  # a JSON saved before the rows were kept still reads
         del r["polls"], r["startup"]
     assert from_json(old)[0].polls == []
+
+
+def test_rss_target_is_300_decimal_megabytes() -> None:
+    def rss_met(mib: float) -> bool:
+        res = _result(0.5, 0.5)
+        res.ghostgpu.peak_rss_mib = mib
+        return {name.split(" at")[0]: ok for name, ok, _ in targets([res])}["peak RSS"]
+
+    assert rss_met(286.0) and not rss_met(287.0), "300 MB is 286.1 MiB, not 300 MiB"
