@@ -35,6 +35,7 @@ from pydantic.alias_generators import to_camel
 from ghostgpu.autonomy import AutonomyConfig
 from ghostgpu.config_errors import ConfigError, ConfigIssue, format_path, issues_from_validation, parse_yaml
 from ghostgpu.quantity import Duration, Quantity
+from ghostgpu.verdict import ProcessPolicy
 
 # --- the labelling contract (DESIGN §3); fixed, not configurable ---
 OPT_IN_LABEL = "ghostgpu.io/reclaim"
@@ -295,7 +296,7 @@ class PoliciesConfig(Model):
 
 # --- controller section (the controller reads this from its ConfigMap) ---------------------------
 
-SignalName = Literal["utilization", "processes", "artifacts", "faults"]
+SignalName = Literal["utilization", "processes", "artifacts", "faults", "memory"]
 _QUERY_PLACEHOLDERS = frozenset(
     {
         "namespace_label",
@@ -486,6 +487,65 @@ class ServiceMonitorConfig(Model):
     )
 
 
+_PROGRAM = re.compile(r"^[A-Za-z0-9_.+-]{1,64}$")
+
+
+def _program_names(names: list[str]) -> list[str]:
+    for name in names:
+        if not _PROGRAM.match(name):
+            raise ValueError(
+                f"{name!r} is not a program name (the command's base name, e.g. sleep or supervisord: "
+                "letters, digits, . _ + -, no path)"
+            )
+    if len(set(names)) != len(names):
+        raise ValueError("a program is listed twice")
+    return names
+
+
+ProgramNames = Annotated[list[str], AfterValidator(_program_names)]
+_DEFAULT_PROCESSES = ProcessPolicy()
+
+
+class ProcessesConfig(Model):
+    """How the verdict reads a process tree that only waits (ghostgpu.verdict.ProcessPolicy).
+
+    Wrappers and holders are discounted only when nothing else lives beside them; timers (a
+    finite wait between periodic runs) and attached sessions are always live work. A list given
+    here replaces the built-in one."""
+
+    wrappers: ProgramNames = Field(default_factory=lambda: sorted(_DEFAULT_PROCESSES.wrappers))
+    holders: ProgramNames = Field(default_factory=lambda: sorted(_DEFAULT_PROCESSES.holders))
+    timers: ProgramNames = Field(default_factory=lambda: sorted(_DEFAULT_PROCESSES.timers))
+    interpreters: ProgramNames = Field(default_factory=lambda: sorted(_DEFAULT_PROCESSES.interpreters))
+    forever_sleep: Duration = Field(
+        Duration("8760h"), description="`sleep N` at least this long is a holder, shorter is a timer"
+    )
+
+    def policy(self) -> ProcessPolicy:
+        return ProcessPolicy(
+            wrappers=frozenset(self.wrappers),
+            holders=frozenset(self.holders),
+            timers=frozenset(self.timers),
+            interpreters=frozenset(self.interpreters),
+            forever_sleep_s=self.forever_sleep.seconds,
+        )
+
+
+class GpuMemoryConfig(Model):
+    """Lines for the framebuffer evidence (the `fb` series of the batched query)."""
+
+    free_at_most: Quantity = Field(
+        Quantity("64Mi"), description="at or below: no CUDA context (corroborates finished/crashed)"
+    )
+    held_from: Quantity = Field(Quantity("500Mi"), description="from here IDLE_HELD reports memory held")
+
+    @model_validator(mode="after")
+    def _order(self) -> GpuMemoryConfig:
+        if self.held_from.value < self.free_at_most.value:
+            raise ValueError(f"heldFrom ({self.held_from}) must be at least freeAtMost ({self.free_at_most})")
+        return self
+
+
 class ControllerConfig(Model):
     """Everything `ghostgpu controller` needs; rendered into controller/configmap.yaml."""
 
@@ -503,8 +563,10 @@ class ControllerConfig(Model):
     startup_grace: Duration = Duration("10m")
     stale_after: Duration = Duration("3m")
     required_signals: list[SignalName] = Field(
-        default_factory=lambda: ["utilization", "processes", "artifacts", "faults"], min_length=1
+        default_factory=lambda: ["utilization", "processes", "artifacts", "faults", "memory"], min_length=1
     )
+    processes: ProcessesConfig = Field(default_factory=ProcessesConfig)
+    gpu_memory: GpuMemoryConfig = Field(default_factory=GpuMemoryConfig)
     prometheus: PrometheusConfig = Field(default_factory=PrometheusConfig)
     s3: S3Config = Field(default_factory=S3Config)
     metrics: MetricsConfig = Field(default_factory=MetricsConfig)

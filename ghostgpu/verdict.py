@@ -8,6 +8,11 @@ Safety asymmetry (why the rules look the way they do): a false reclaim kills liv
 be undone, a false keep costs one more poll. So every doubt resolves to a non-reclaimable verdict:
 a failed or missing required signal is `UNKNOWN`, any sign of life is `ACTIVE` or `IDLE_HELD`.
 
+Process listings are judged here too, not in the signal source: which processes only keep a
+container alive (`sleep infinity`, `pause`, an init or shell waiting on nothing) and which are a
+timer between periodic runs (`sleep 3600` under a shell loop, `timeout`, a cron daemon) is policy
+(`ProcessPolicy`), so the benchmark's simulator and the controller read one rule.
+
 Utilization samples are oldest first, newest last. `decide()` reads the newest `policy.window`
 samples for the verdict; older samples, when the caller keeps them, only feed the long window that
 separates `IDLE_HELD` (zero for `policy.long_window` samples, a live process remains: a human
@@ -35,6 +40,7 @@ class Signal(StrEnum):
     PROCESSES = "processes"
     ARTIFACTS = "artifacts"
     FAULTS = "faults"
+    MEMORY = "memory"
 
 
 class FailureReason(StrEnum):
@@ -43,6 +49,7 @@ class FailureReason(StrEnum):
     HTTP_ERROR = "http-error"
     TIMEOUT = "timeout"
     EXEC_ERROR = "exec-error"  # process listing could not run in the container
+    NO_LISTING = "no-listing"  # the container has no `ps` (distroless): its processes cannot be seen
     FORBIDDEN = "forbidden"
     NOT_FOUND = "not-found"
     PARSE_ERROR = "parse-error"
@@ -67,7 +74,11 @@ DEFUNCT_STATES = frozenset({"Z", "X"})
 class ProcessInfo(_Frozen):
     pid: int
     state: str  # ps STAT, e.g. "R", "S", "Sl", "Z", "Z+"; the first letter is the state
-    command: str = ""
+    command: str = ""  # the command line (ps `args`, bounded); its first word is the program
+    ppid: int | None = None  # None: the listing did not say
+    elapsed_s: int | None = None  # seconds since the process started (procps `etimes`)
+    # Which pid namespace the row comes from ("pod/container"): pids repeat across containers.
+    scope: str = ""
 
     @property
     def defunct(self) -> bool:
@@ -124,6 +135,16 @@ class FaultEvidence(_Frozen):
 FaultObservation = Annotated[FaultEvidence | SignalFailure, Field(discriminator="kind")]
 
 
+class GpuMemory(_Frozen):
+    """Framebuffer used by the workload's GPUs at the newest sample, summed over its pods."""
+
+    kind: Literal["memory"] = "memory"
+    used_bytes: int = Field(ge=0)
+
+
+MemoryObservation = Annotated[GpuMemory | SignalFailure, Field(discriminator="kind")]
+
+
 class Evidence(_Frozen):
     """Everything known about one workload over one window."""
 
@@ -132,6 +153,7 @@ class Evidence(_Frozen):
     processes: tuple[ProcessInfo, ...] | SignalFailure | None = None
     artifacts: ArtifactObservation = ArtifactsNotDeclared()
     faults: FaultObservation = FaultEvidence()
+    memory: MemoryObservation | None = None  # None = not collected
 
 
 # --- policy and verdict --------------------------------------------------------------------------
@@ -153,6 +175,124 @@ RULE_SIGNALS: dict[Rule, frozenset[Signal]] = {
 }
 
 
+class ProcessRole(StrEnum):
+    WORK = "work"
+    WRAPPER = "wrapper"  # an init or a shell waiting on its children: not work by itself
+    HOLDER = "holder"  # keeps a container alive and nothing else: sleep infinity, pause, tail -f /dev/null
+    TIMER = "timer"  # a finite wait between periodic runs: sleep 3600, timeout, a cron daemon
+    SESSION = "session"  # a person attached: a terminal, or a process exec'd from outside the container
+    DEFUNCT = "defunct"
+
+
+_SLEEP_UNITS = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+_WAITING_STATES = frozenset("SIT")  # sleeping, idle, stopped; R and D are doing something
+
+
+class ProcessPolicy(_Frozen):
+    """What a process tree that only waits means (pure; configurable as `controller.processes`).
+
+    Only wrappers and holders can be discounted, and only when nothing else lives beside them: a
+    container whose live processes are all wrappers or holders is doing no work. A timer or an
+    attached session is always live work (a periodic job between runs, a person at a shell)."""
+
+    wrappers: frozenset[str] = frozenset(
+        {
+            "sh", "bash", "dash", "ash", "zsh", "ksh", "mksh",
+            "tini", "tini-static", "dumb-init", "catatonit", "docker-init", "init",
+            "s6-svscan", "s6-supervise", "runsvdir", "runsv", "supervisord",
+        }
+    )  # fmt: skip
+    holders: frozenset[str] = frozenset({"pause"})  # whatever their arguments
+    timers: frozenset[str] = frozenset({"cron", "crond", "supercronic", "anacron", "atd", "timeout"})
+    # Interpreters whose script names the program (`python3 /usr/bin/supervisord`).
+    interpreters: frozenset[str] = frozenset({"python", "python3", "perl", "ruby", "node"})
+    # `sleep N` this long or longer is a holder (`sleep 2147483647` is an idiom for forever).
+    forever_sleep_s: float = Field(31_536_000.0, gt=0)
+
+
+def program_of(command: str, interpreters: frozenset[str] = frozenset()) -> tuple[str, list[str]]:
+    """(program name, its arguments) from a ps `args` column: path and login-shell '-' stripped,
+    `[kthread]`/`[name] <defunct>` brackets removed, `busybox APPLET` and `python3 SCRIPT` seen
+    through."""
+    words = command.split()
+    if not words:
+        return "", []
+    first = words[0]
+    if first.startswith("[") and "]" in first:
+        return first[1 : first.index("]")], []
+    name = first.rsplit("/", 1)[-1].lstrip("-")
+    args = words[1:]
+    if name == "busybox" and args:
+        name, args = args[0].rsplit("/", 1)[-1], args[1:]
+    if (
+        (name in interpreters or name.rstrip("0123456789.") in interpreters)
+        and args
+        and not args[0].startswith("-")
+    ):
+        return args[0].rsplit("/", 1)[-1], args[1:]
+    return name, args
+
+
+def _sleep_seconds(args: list[str]) -> float | None:
+    """Total of `sleep`'s operands (coreutils sums them); inf for infinity; None if unreadable."""
+    total = 0.0
+    operands = [a for a in args if a != "--"]
+    if not operands:
+        return None
+    for a in operands:
+        if a.lower() in ("inf", "infinity"):
+            return float("inf")
+        unit = a[-1:] if a[-1:] in ("s", "m", "h", "d") else ""
+        try:
+            value = float(a[: len(a) - len(unit)])
+        except ValueError:
+            return None
+        if not value >= 0:  # also rejects NaN
+            return None
+        total += value * _SLEEP_UNITS[unit]
+    return total
+
+
+def classify(proc: ProcessInfo, policy: ProcessPolicy, *, shared_pid_namespace: bool = False) -> ProcessRole:
+    """The role of one process. Doubt is WORK: only a positive match discounts a process."""
+    if proc.defunct:
+        return ProcessRole.DEFUNCT
+    if "+" in proc.state:
+        return ProcessRole.SESSION  # foreground of a terminal: someone's `kubectl exec -it`
+    if proc.ppid == 0 and proc.pid != 1 and not shared_pid_namespace:
+        # Its parent is outside the container: started by an exec (a person, a tool), not the image.
+        return ProcessRole.SESSION
+    name, args = program_of(proc.command, policy.interpreters)
+    if name in policy.timers:
+        return ProcessRole.TIMER
+    if proc.state[:1] not in _WAITING_STATES:
+        return ProcessRole.WORK  # running or in uninterruptible I/O (a checkpoint write)
+    if name == "sleep":
+        seconds = _sleep_seconds(args)
+        if seconds is None:
+            return ProcessRole.TIMER  # an unreadable wait is a wait, not a holder
+        return ProcessRole.HOLDER if seconds >= policy.forever_sleep_s else ProcessRole.TIMER
+    if (
+        name == "tail"
+        and args
+        and args[-1] == "/dev/null"
+        and any(a in ("-f", "-F", "--follow") for a in args)
+    ):
+        return ProcessRole.HOLDER
+    if name in policy.holders:
+        return ProcessRole.HOLDER
+    if name in policy.wrappers:
+        return ProcessRole.WRAPPER
+    return ProcessRole.WORK
+
+
+def classify_listing(procs: tuple[ProcessInfo, ...], policy: ProcessPolicy) -> list[ProcessRole]:
+    """Roles of a workload's processes. A scope whose pid 1 is `pause` shares its pid namespace
+    across containers: each container's entrypoint then has ppid 0 without being an exec."""
+    shared = {p.scope for p in procs if p.pid == 1 and program_of(p.command)[0] == "pause"}
+    return [classify(p, policy, shared_pid_namespace=p.scope in shared) for p in procs]
+
+
 class VerdictPolicy(_Frozen):
     rule: Rule = Rule.GHOSTGPU
     window: int = Field(5, ge=1, le=1000)  # K: samples that must all be zero
@@ -161,9 +301,17 @@ class VerdictPolicy(_Frozen):
     # live process are ACTIVE batch gaps. The caller keeps this many samples to ever reach IDLE_HELD.
     hold_after: int | None = Field(None, ge=1)
     # Faults only separate ZOMBIE_CRASHED from FINISHED_IDLE (both reclaimable), so not required.
-    required: frozenset[Signal] = frozenset({Signal.UTILIZATION, Signal.PROCESSES, Signal.ARTIFACTS})
+    required: frozenset[Signal] = frozenset(
+        {Signal.UTILIZATION, Signal.PROCESSES, Signal.ARTIFACTS, Signal.MEMORY}
+    )
     # Page-retirement / row-remap notices: the GPU keeps working and processes survive them.
     ignored_xids: frozenset[int] = frozenset({63, 64, 92})
+    processes: ProcessPolicy = ProcessPolicy()
+    # Framebuffer at or below this holds no CUDA context (driver bookkeeping only); above it with
+    # no live process visible is a contradiction: a context exists that the listing did not see.
+    memory_free_bytes: int = Field(64 << 20, ge=0)
+    # IDLE_HELD reports the memory held from this line on (the idle alert's 500 MiB).
+    memory_held_bytes: int = Field(500 << 20, ge=0)
 
     @model_validator(mode="after")
     def _check(self) -> VerdictPolicy:
@@ -203,6 +351,9 @@ class Reason(StrEnum):
     PROCESSES_NOT_CHECKED = "processes-not-checked"  # unavailable but not required by the policy
     PROCESS_PRESENT = "process-present"  # paper rule: any process, defunct included
     LIVE_PROCESS = "live-process"
+    HOLDERS_ONLY = "holders-only"  # only wrappers/holders live (sleep infinity, pause, an idle shell)
+    TIMER = "timer"  # a finite wait between periodic runs: live work
+    ATTACHED_SESSION = "attached-session"  # a terminal or an exec'd process: a person is there
     IDLE_BELOW_HOLD = "idle-below-hold"  # zero run shorter than hold_after: a batch gap
     IDLE_LONG_WINDOW = "idle-long-window"  # zero run reached hold_after
     NO_PROCESS = "no-process"
@@ -217,6 +368,11 @@ class Reason(StrEnum):
     FAULT_XID = "fault-xid"
     FAULT_RESTART = "fault-restart"
     NO_FAULT = "no-fault"
+    MEMORY_FAILED = "memory-failed"
+    MEMORY_NOT_COLLECTED = "memory-not-collected"
+    MEMORY_FREE = "memory-free"  # no CUDA context: corroborates finished/crashed
+    MEMORY_HELD = "memory-held"  # at or over the held line
+    MEMORY_WITHOUT_PROCESS = "memory-without-process"  # held memory, no live process: contradiction
 
 
 class Verdict(_Frozen):
@@ -225,6 +381,7 @@ class Verdict(_Frozen):
     reasons: tuple[Reason, ...]
     live_processes: int | None = None  # None when the rule did not look at processes
     defunct_processes: int | None = None
+    memory_bytes: int | None = None  # framebuffer used, when the rule read it
 
     @property
     def reclaimable(self) -> bool:
@@ -274,13 +431,20 @@ def decide(evidence: Evidence, policy: VerdictPolicy | None = None) -> Verdict:
     policy = policy or VerdictPolicy()
     rule = policy.rule
     required = policy.required & RULE_SIGNALS[rule]  # a rule never waits on a signal it ignores
+    memory = evidence.memory if Signal.MEMORY in RULE_SIGNALS[rule] else None
+    mem_bytes = memory.used_bytes if isinstance(memory, GpuMemory) else None
 
     def verdict(
         kind: VerdictKind, *reasons: Reason, live: int | None = None, dead: int | None = None
     ) -> Verdict:
         # Built from this module's own typed values: nothing to validate (one per workload per poll).
         return Verdict.model_construct(
-            kind=kind, rule=rule, reasons=reasons, live_processes=live, defunct_processes=dead
+            kind=kind,
+            rule=rule,
+            reasons=reasons,
+            live_processes=live,
+            defunct_processes=dead,
+            memory_bytes=mem_bytes,
         )
 
     # 1. Utilization opens the case: the newest K samples, all present, all zero.
@@ -306,6 +470,11 @@ def decide(evidence: Evidence, policy: VerdictPolicy | None = None) -> Verdict:
         failed.append(Reason.ARTIFACTS_FAILED)
     if isinstance(evidence.faults, SignalFailure) and Signal.FAULTS in required:
         failed.append(Reason.FAULTS_FAILED)
+    if Signal.MEMORY in required:
+        if isinstance(memory, SignalFailure):
+            failed.append(Reason.MEMORY_FAILED)
+        elif memory is None:
+            failed.append(Reason.MEMORY_NOT_COLLECTED)
     if failed:
         return verdict(VerdictKind.UNKNOWN, Reason.UTILIZATION_ZERO, *failed)
 
@@ -328,15 +497,30 @@ def decide(evidence: Evidence, policy: VerdictPolicy | None = None) -> Verdict:
     live: int | None = None
     dead: int | None = None
     if isinstance(procs, tuple):
-        dead = sum(p.defunct for p in procs)
-        live = len(procs) - dead
         if rule is Rule.PAPER_MULTI_SIGNAL:
             # The published detector counts every pid, so a zombie's defunct child keeps it alive.
+            dead = sum(p.defunct for p in procs)
+            live = len(procs) - dead
             if procs:
                 return verdict(VerdictKind.ACTIVE, *reasons, Reason.PROCESS_PRESENT, live=live, dead=dead)
             return verdict(VerdictKind.FINISHED_IDLE, *reasons, Reason.NO_PROCESS, live=live, dead=dead)
+        roles = classify_listing(procs, policy.processes)
+        dead = roles.count(ProcessRole.DEFUNCT)
+        live = len(roles) - dead
+        if live and all(
+            r in (ProcessRole.WRAPPER, ProcessRole.HOLDER) for r in roles if r is not ProcessRole.DEFUNCT
+        ):
+            # `sh -c "train.py; sleep infinity"` after training: a container kept alive, no work.
+            reasons.append(Reason.HOLDERS_ONLY)
+            live = 0
         if live:
             reasons.append(Reason.LIVE_PROCESS)
+            if ProcessRole.TIMER in roles:
+                reasons.append(Reason.TIMER)
+            if ProcessRole.SESSION in roles:
+                reasons.append(Reason.ATTACHED_SESSION)
+            if mem_bytes is not None and mem_bytes >= policy.memory_held_bytes:
+                reasons.append(Reason.MEMORY_HELD)
             if _zero_run(evidence.utilization, policy.zero_threshold) >= policy.long_window:
                 return verdict(VerdictKind.IDLE_HELD, *reasons, Reason.IDLE_LONG_WINDOW, live=live, dead=dead)
             return verdict(VerdictKind.ACTIVE, *reasons, Reason.IDLE_BELOW_HOLD, live=live, dead=dead)
@@ -346,7 +530,14 @@ def decide(evidence: Evidence, policy: VerdictPolicy | None = None) -> Verdict:
         if rule is Rule.PAPER_MULTI_SIGNAL:
             return verdict(VerdictKind.FINISHED_IDLE, *reasons)
 
-    # 5. No live process (ghostgpu rule): crashed or finished? Both are reclaimable.
+    # 5. No live process (ghostgpu rule). GPU memory still in use means a CUDA context lives that
+    # the listing did not show (another container, a hidden pid namespace): never call that idle.
+    if mem_bytes is not None:
+        if mem_bytes > policy.memory_free_bytes:
+            return verdict(VerdictKind.UNKNOWN, *reasons, Reason.MEMORY_WITHOUT_PROCESS, live=live, dead=dead)
+        reasons.append(Reason.MEMORY_FREE)
+
+    # 6. Crashed or finished? Both are reclaimable.
     faults = evidence.faults
     crashed = bool(dead)
     if isinstance(faults, FaultEvidence):
@@ -376,7 +567,11 @@ __all__ = [
     "FailureReason",
     "FaultEvidence",
     "FaultObservation",
+    "GpuMemory",
+    "MemoryObservation",
     "ProcessInfo",
+    "ProcessPolicy",
+    "ProcessRole",
     "Reason",
     "Rule",
     "Signal",
@@ -386,5 +581,8 @@ __all__ = [
     "VerdictKind",
     "VerdictPolicy",
     "XidEvent",
+    "classify",
+    "classify_listing",
     "decide",
+    "program_of",
 ]

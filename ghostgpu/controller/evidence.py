@@ -23,6 +23,7 @@ from ghostgpu.verdict import (
     Evidence,
     FaultEvidence,
     FaultObservation,
+    GpuMemory,
     ProcessInfo,
     Signal,
     SignalFailure,
@@ -38,6 +39,9 @@ def policy_from_config(cfg: ControllerConfig) -> VerdictPolicy:
         zero_threshold=cfg.zero_threshold,
         hold_after=cfg.long_window,
         required=frozenset(Signal(s) for s in cfg.required_signals),
+        processes=cfg.processes.policy(),
+        memory_free_bytes=int(cfg.gpu_memory.free_at_most.value),
+        memory_held_bytes=int(cfg.gpu_memory.held_from.value),
     )
 
 
@@ -76,6 +80,7 @@ def assemble(
     window: int,
     processes: tuple[ProcessInfo, ...] | SignalFailure | None,
     faults: FaultObservation,
+    memory: GpuMemory | SignalFailure | None = None,
 ) -> Evidence:
     artifacts: ArtifactObservation
     if state.artifact_target is None:
@@ -85,13 +90,17 @@ def assemble(
     else:
         artifacts = state.artifacts.observation(window)
     samples = state.ring.samples
-    if _already_valid(samples, processes, artifacts, faults):
+    if _already_valid(samples, processes, artifacts, faults) and (
+        memory is None or isinstance(memory, GpuMemory | SignalFailure)
+    ):
         # Every part is already a validated model or a finite float >= 0: the same Evidence that
         # validation would build, without ~20 pydantic validations per workload per poll.
         return Evidence.model_construct(
-            utilization=samples, processes=processes, artifacts=artifacts, faults=faults
+            utilization=samples, processes=processes, artifacts=artifacts, faults=faults, memory=memory
         )
-    return Evidence(utilization=samples, processes=processes, artifacts=artifacts, faults=faults)
+    return Evidence(
+        utilization=samples, processes=processes, artifacts=artifacts, faults=faults, memory=memory
+    )
 
 
 def _already_valid(
@@ -134,7 +143,17 @@ def evidence_summary(evidence: Evidence, verdict: Verdict, window: int) -> dict[
     if isinstance(procs, SignalFailure):
         out["procs"] = f"!{procs.reason.value}"
     elif procs is not None:
-        out["procs"] = {"live": sum(not p.defunct for p in procs), "defunct": sum(p.defunct for p in procs)}
+        # live: what the verdict counted as work (0 when only holders such as `sleep infinity` run).
+        dead = sum(p.defunct for p in procs)
+        live = verdict.live_processes if verdict.live_processes is not None else len(procs) - dead
+        out["procs"] = {"live": live, "defunct": dead}
+        if live != len(procs) - dead:
+            out["procs"]["holders"] = len(procs) - dead - live  # type: ignore[index]
+    memory = evidence.memory
+    if isinstance(memory, SignalFailure):
+        out["gpu_mem"] = f"!{memory.reason.value}"
+    elif isinstance(memory, GpuMemory):
+        out["gpu_mem_mib"] = round(memory.used_bytes / (1 << 20))
     art = evidence.artifacts
     if isinstance(art, SignalFailure):
         out["artifacts"] = f"!{art.reason.value}"

@@ -53,8 +53,10 @@ class PodView:
     deleting: bool
     started_at: datetime | None
     gpu_requests: Mapping[str, float]  # resource name -> count, summed over regular containers
-    gpu_container: str | None  # the container that asked for a GPU (the probe target)
+    gpu_containers: tuple[str, ...]  # every container that asked for a GPU (the probe targets)
     first_container: str
+    # spec.shareProcessNamespace: one listing in any container shows every container's processes.
+    shares_pids: bool
     faults: PodFaults  # container terminations from status (signals/faults.py), read at cache time
     # Only the ghostgpu.io/ annotations: where verdicts land when the workload cannot be written.
     annotations: Mapping[str, str] = field(default_factory=dict)
@@ -62,6 +64,18 @@ class PodView:
     @property
     def running(self) -> bool:
         return self.phase == "Running" and not self.deleting
+
+    @property
+    def gpu_container(self) -> str | None:
+        return self.gpu_containers[0] if self.gpu_containers else None
+
+    @property
+    def probe_containers(self) -> tuple[str, ...]:
+        """Where to list processes: every GPU container, or one when the pod shares its pid
+        namespace (each container's listing would be the same); the first container of a pod
+        with no GPU container (a GPU requested only by an init container)."""
+        targets = self.gpu_containers or (self.first_container,)
+        return targets[:1] if self.shares_pids else targets
 
     @property
     def holds_gpus(self) -> bool:
@@ -138,12 +152,13 @@ def _gpu_requests(containers: Iterable[Mapping[str, Any]], is_gpu: GpuPredicate)
     return total
 
 
-def _first_gpu_container(containers: Iterable[Mapping[str, Any]], is_gpu: GpuPredicate) -> str | None:
+def _gpu_containers(containers: Iterable[Mapping[str, Any]], is_gpu: GpuPredicate) -> tuple[str, ...]:
+    names: list[str] = []
     for c in containers:
         res = c.get("resources") or {}
         if any(is_gpu(r) for r in (*(res.get("limits") or {}), *(res.get("requests") or {}))):
-            return str(c.get("name"))
-    return None
+            names.append(str(c.get("name")))
+    return tuple(names)
 
 
 def pod_view(obj: Mapping[str, Any], is_gpu: GpuPredicate) -> PodView:
@@ -164,8 +179,9 @@ def pod_view(obj: Mapping[str, Any], is_gpu: GpuPredicate) -> PodView:
         deleting=bool(meta.get("deletionTimestamp")),
         started_at=parse_time(status.get("startTime")) or parse_time(meta.get("creationTimestamp")),
         gpu_requests=_gpu_requests(containers, is_gpu),
-        gpu_container=_first_gpu_container(containers, is_gpu),
+        gpu_containers=_gpu_containers(containers, is_gpu),
         first_container=str(containers[0].get("name", "")),
+        shares_pids=bool(spec.get("shareProcessNamespace")),
         faults=pod_faults(status),
         annotations={
             k: v for k, v in (meta.get("annotations") or {}).items() if k.startswith("ghostgpu.io/")

@@ -58,6 +58,12 @@ class ControllerMetrics:
             ["source", "reason"],
             registry=r,
         )
+        self.no_listing = Gauge(
+            "ghostgpu_workloads_without_process_listing",
+            "Utilization-idle workloads with a GPU container that has no usable ps (distroless): "
+            "their processes cannot be seen, so their verdict stays UNKNOWN.",
+            registry=r,
+        )
         self.write_fallbacks = Counter(
             "ghostgpu_annotation_fallbacks_total",
             "Verdict annotations written to pods because an admission webhook refused the workload.",

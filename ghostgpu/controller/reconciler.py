@@ -62,8 +62,14 @@ from ghostgpu.signals.artifacts import (
 )
 from ghostgpu.signals.faults import workload_faults
 from ghostgpu.signals.podexec import PodRef
-from ghostgpu.signals.processes import ProcessSource, merge_listings, without_idle_holders
-from ghostgpu.signals.utilization import PodKey, PodReading, UtilizationSource, workload_sample
+from ghostgpu.signals.processes import ProcessSource, merge_listings
+from ghostgpu.signals.utilization import (
+    PodKey,
+    PodReading,
+    UtilizationSource,
+    workload_memory,
+    workload_sample,
+)
 from ghostgpu.verdict import (
     RECLAIMABLE_KINDS,
     Evidence,
@@ -301,6 +307,10 @@ class Reconciler:
     def _probe_pod(self, pod: PodView) -> PodRef:
         return PodRef(pod.namespace, pod.name, pod.gpu_container or pod.first_container)
 
+    @staticmethod
+    def _probe_targets(pods: list[PodView]) -> list[PodRef]:
+        return [PodRef(p.namespace, p.name, c) for p in pods for c in p.probe_containers]
+
     async def _measure(
         self, wl: Workload, pods: list[PodView], st: WorkloadState
     ) -> Measurement | SignalFailure:
@@ -332,7 +342,7 @@ class Reconciler:
             for r, (_, _, st) in eligible.items()
             if isinstance(st.artifact_target, FileTarget | S3Target) and st.ring.newest_all_zero(1, thr)
         ]
-        proc_pods = {r: [self._probe_pod(p) for p in eligible[r][1]] for r in proc_refs}
+        proc_pods = {r: self._probe_targets(eligible[r][1]) for r in proc_refs}
         flat = [p for lst in proc_pods.values() for p in lst]
         listings_task = asyncio.ensure_future(self.processes.list_many(flat))
         measurements = await asyncio.gather(*(self._measure(*eligible[r]) for r in art_refs))
@@ -340,11 +350,14 @@ class Reconciler:
         processes: dict[WorkloadRef, tuple[ProcessInfo, ...] | SignalFailure | None] = {
             r: None for r in eligible
         }
+        no_listing = 0
         for r, lst in proc_pods.items():
-            merged = merge_listings([listings[p] for p in lst])
-            processes[r] = without_idle_holders(merged)[0]
+            # Raw listings: which processes only hold a container is the verdict policy's call.
+            merged = processes[r] = merge_listings([listings[p] for p in lst])
             if isinstance(merged, SignalFailure):
                 self.metrics.signal_failures.labels("processes", merged.reason.value).inc()
+                no_listing += merged.reason is FailureReason.NO_LISTING
+        self.metrics.no_listing.set(no_listing)
         measured = dict(zip(art_refs, measurements, strict=True))
         for r, (_, _, st) in eligible.items():
             if isinstance(st.artifact_target, FileTarget | S3Target):
@@ -372,7 +385,12 @@ class Reconciler:
             faults = workload_faults([p.faults for p in pods], xids)
             if isinstance(faults, SignalFailure):
                 self.metrics.signal_failures.labels("faults", faults.reason.value).inc()
-            evidence = assemble(st, window=self.cfg.window, processes=processes[ref], faults=faults)
+            memory = workload_memory(readings[PodKey(p.namespace, p.name)] for p in pods)
+            if isinstance(memory, SignalFailure):
+                self.metrics.signal_failures.labels("memory", memory.reason.value).inc()
+            evidence = assemble(
+                st, window=self.cfg.window, processes=processes[ref], faults=faults, memory=memory
+            )
             verdict = decide(evidence, self.policy)
             recorded = _recorded(wl, pods)
             previous = _verdict_of(recorded)

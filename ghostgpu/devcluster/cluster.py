@@ -73,7 +73,7 @@ class DevCluster:
 
     >>> c = DevCluster.up()                     # or DevCluster.attach() for a running one
     >>> c.state.kubeconfig                      # admin kubeconfig (system:masters)
-    >>> c.process_tables.set("ns", "pod", [ProcessRow(pid=1, stat="Ss", comm="python")])
+    >>> c.process_tables.set("ns", "pod", [ProcessRow(pid=1, stat="Ss", args="python serve.py")])
     >>> c.dcgm.set("ns", "pod", util=0, fb_used_mib=1024)
     >>> c.state.prometheus_url                  # the real Prometheus scraping the fake exporter
     >>> c.down()

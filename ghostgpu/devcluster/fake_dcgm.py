@@ -75,7 +75,10 @@ class Store:
             raise ValueError(f"unknown metric(s) {sorted(unknown)}; expected some of {sorted(METRICS)}")
         with self._lock:
             old = self._samples.get(s.key())
-            merged = {**(old.values if old else {}), **s.values}
+            # dcgm-exporter reports every field of a GPU it watches: a new GPU series starts with
+            # an empty framebuffer unless the caller says otherwise.
+            base = old.values if old else {"DCGM_FI_DEV_FB_USED": 0.0}
+            merged = {**base, **s.values}
             self._samples[s.key()] = s.model_copy(update={"values": merged})
 
     def remove(self, namespace: str, pod: str) -> int:

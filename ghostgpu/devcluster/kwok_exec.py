@@ -6,18 +6,19 @@ Contract (what a test does, what the probe sees):
 * kwok runs every exec *locally* with the argv the client sent. The devcluster starts kwok with
   ``<state>/exec-bin`` first on its PATH; that directory holds a ``ps`` shim that ignores its
   arguments and prints the pod's scripted table. So the controller's probe is any argv whose
-  argv[0] is ``ps`` (e.g. ``["ps", "-eo", "pid,stat,comm"]``); the table is printed as is.
+  argv[0] is ``ps`` (e.g. ``["ps", "-eo", "pid,ppid,stat,etimes,args"]``); the table is printed as is.
 * ``ProcessTables.set(namespace, pod, rows)`` writes ``<state>/proctables/<ns>/<pod>.txt`` and a
   kwok ``Exec`` object named after the pod whose local exec carries ``GHOSTGPU_PROC_TABLE=<that
-  file>``. Rows print in ``ps -eo pid,stat,comm`` format under the header ``PID STAT COMMAND``;
-  a ``str`` is printed verbatim. ``exit_code`` != 0 makes the probe fail (output still printed to
-  stderr), which a controller must treat as a failed signal.
+  file>``. Rows print in procps's ``ps -eo pid,ppid,stat,etimes,args`` format under the header
+  ``PID PPID STAT ELAPSED COMMAND``; a ``str`` is printed verbatim (e.g. a BusyBox listing).
+  ``exit_code`` != 0 makes the probe fail (output still printed to stderr), which a controller
+  must treat as a failed signal.
 * A pod with no table has no Exec object: kwok answers the exec with an error
   ("no exec found"), i.e. the signal fails. ``ProcessTables.clear`` returns a pod to that state.
 * kwok's informer sees a new or changed Exec object a moment later, so ``set`` (wait=True, the
   default) probes through the apiserver until kwok serves exactly the scripted table (or the
   scripted exit code). Rewriting the table of a pod whose Exec is unchanged takes effect at once.
-* ``probe(namespace, pod)`` runs ``["ps", "-eo", "pid,stat,comm"]`` the same way and returns stdout.
+* ``probe(namespace, pod)`` runs the controller's procps argv the same way and returns stdout.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from kubernetes.stream.ws_client import ERROR_CHANNEL
 from pydantic import BaseModel, Field
 
 from ghostgpu.devcluster.kube import Kube
+from ghostgpu.signals.processes import PS_ARGV
 
 PS_SHIM = """#!/bin/sh
 # ghostgpu devcluster: `ps` as seen from inside a kwok pod (see ghostgpu/devcluster/kwok_exec.py).
@@ -52,13 +54,17 @@ exec cat "$GHOSTGPU_PROC_TABLE"
 class ProcessRow(BaseModel):
     pid: int = Field(ge=1)
     stat: str = Field(min_length=1, pattern=r"^\S+$")  # e.g. "Ss", "R+", "Z"
-    comm: str = Field(min_length=1)
+    args: str = Field(min_length=1)  # the command line, e.g. "sleep infinity"
+    ppid: int | None = Field(None, ge=0)  # None: 0 for pid 1 (the entrypoint), else 1 (its child)
+    etimes: int = Field(600, ge=0)
 
 
 def render_table(rows: Sequence[ProcessRow]) -> str:
-    """The text `ps -eo pid,stat,comm` prints for these rows."""
-    lines = [f"{'PID':>7} STAT COMMAND"]
-    lines += [f"{r.pid:>7} {r.stat:<4} {r.comm}" for r in rows]
+    """The text procps's `ps -eo pid,ppid,stat,etimes,args` prints for these rows."""
+    lines = [f"{'PID':>7} {'PPID':>7} STAT {'ELAPSED':>7} COMMAND"]
+    for r in rows:
+        ppid = r.ppid if r.ppid is not None else (0 if r.pid == 1 else 1)
+        lines.append(f"{r.pid:>7} {ppid:>7} {r.stat:<4} {r.etimes:>7} {r.args}")
     return "\n".join(lines) + "\n"
 
 
@@ -122,14 +128,14 @@ class ProcessTables:
         self.path(namespace, pod).unlink(missing_ok=True)
 
     def probe(self, namespace: str, pod: str, container: str | None = None) -> str:
-        """Run `ps -eo pid,stat,comm` in the pod through the apiserver; returns stdout (raises on error)."""
+        """Run the controller's `ps` argv in the pod through the apiserver; stdout (raises on error)."""
         core = client.CoreV1Api(self.kube.api_client)
         kwargs = {"container": container} if container else {}
         resp = stream(
             core.connect_get_namespaced_pod_exec,
             pod,
             namespace,
-            command=["ps", "-eo", "pid,stat,comm"],
+            command=list(PS_ARGV),
             stderr=True,
             stdin=False,
             stdout=True,

@@ -39,7 +39,7 @@ def exposition(rows: list[list[Any]]) -> bytes:
             f'container="main",namespace="{ns}",pod="{pod}"'
         )
         util.append(f"DCGM_FI_DEV_GPU_UTIL{{{labels}}} {value:g}")
-        fb.append(f"DCGM_FI_DEV_FB_USED{{{labels}}} {4096 if value else 812}")
+        fb.append(f"DCGM_FI_DEV_FB_USED{{{labels}}} {4096 if value else 0}")
         xid.append(f"DCGM_FI_DEV_XID_ERRORS{{{labels}}} 0")
     out = [
         "# HELP DCGM_FI_DEV_GPU_UTIL GPU utilization (in %).",

@@ -317,8 +317,10 @@ def release_fifo(path: Path, text: str) -> None:
 GARBAGE_LISTINGS: tuple[str, ...] = (
     "",  # nothing at all
     "Segmentation fault (core dumped)\n",
-    "PID STAT COMMAND\n 12 ?? python\n",  # unknown state
-    "PID STAT COMMAND\n abc S python\n",  # not a pid
+    "PID PPID STAT ELAPSED COMMAND\n 12 1 ?? 60 python\n",  # unknown state
+    "PID PPID STAT ELAPSED COMMAND\n abc 1 S 60 python\n",  # not a pid
+    "PID PPID STAT COMMAND\n 12 x S python\n",  # not a ppid
+    "PID STAT COMMAND\n 1 S python\n",  # the old three-column listing
     "  PID TTY          TIME CMD\n    1 ?        00:00:01 python\n",  # another ps format
     "\x00\x01\x02 binary \xff\n",
     "PID STAT\n",  # a truncated header

@@ -29,7 +29,8 @@ OPT_IN = {"ghostgpu.io/reclaim": "enabled", "ghostgpu.io/team": "research"}
 FLEET_LABEL = "ghostgpu.io/scale-fleet"
 GPUS_PER_NODE = 8
 H100_LABELS = {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
-IDLE_TABLE = "    PID STAT COMMAND\n      1 S    sleep\n"  # an idle holder only: nothing runs
+# An idle holder only: nothing runs (procps's listing of the controller's argv).
+IDLE_TABLE = "    PID    PPID STAT ELAPSED COMMAND\n      1       0 S        900 sleep infinity\n"
 
 
 @dataclass(frozen=True)

@@ -5,9 +5,11 @@ itself adds with `label_replace`, so a single HTTP round trip carries:
   util  max utilization over the pod's GPUs            (the reading)
   ts    min `timestamp()` of those GPU series           (staleness: the oldest GPU sample counts)
   xid   last XID error code per GPU, when non-zero      (fault evidence, DESIGN §4)
+  fb    framebuffer used, summed over the pod's GPUs, in bytes (GPU memory evidence)
 
 Failure rules (never a silent zero): the query failing as a whole fails every pod; a pod without
-a `util` series is MISSING; a pod whose oldest sample is older than `max_sample_age` is STALE.
+a `util` series is MISSING; a pod whose oldest sample is older than `max_sample_age` is STALE; a
+pod with a fresh `util` but no `fb` series has a MISSING memory reading (its utilization stands).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from typing import Any, NamedTuple
 from pydantic import BaseModel, ConfigDict, Field
 
 from ghostgpu.signals.prometheus import PrometheusClient, PrometheusError, VectorSample
-from ghostgpu.verdict import FailureReason, SignalFailure, UtilizationSample, XidEvent
+from ghostgpu.verdict import FailureReason, GpuMemory, SignalFailure, UtilizationSample, XidEvent
 
 FIELD_LABEL = "ghostgpu_field"
 # Kubernetes object names (DNS-1123 subdomain): the only characters we ever put into a regex.
@@ -49,8 +51,10 @@ class QuerySpec(BaseModel):
     scale: float = Field(1.0, gt=0)
     xid_metric: str | None = Field(None, pattern=_PROM_METRIC.pattern)
     framebuffer_metric: str = ""
+    framebuffer_unit_bytes: int = Field(1 << 20, gt=0)  # dcgm-exporter reports MiB
     utilization_query: str | None = None
     xid_query: str | None = None
+    framebuffer_query: str | None = None  # None: no memory series in the query (memory not collected)
     # A sample older than this (seconds, relative to the query's evaluation time) is STALE.
     max_sample_age: float = Field(120.0, gt=0)
 
@@ -64,8 +68,10 @@ class QuerySpec(BaseModel):
             scale=preset.utilization_scale,
             xid_metric=preset.xid_metric or None,
             framebuffer_metric=preset.framebuffer_metric,
+            framebuffer_unit_bytes=preset.framebuffer_unit_bytes,
             utilization_query=preset.utilization_query,
             xid_query=preset.xid_query or None,
+            framebuffer_query=preset.framebuffer_query or None,
             max_sample_age=max_sample_age,
         )
 
@@ -83,6 +89,7 @@ class PodReading:
 
     utilization: UtilizationSample
     xids: tuple[XidEvent, ...] = ()
+    memory: int | SignalFailure | None = None  # framebuffer bytes; None: not in the query
 
 
 def _alternation(names: Iterable[str]) -> str:
@@ -124,6 +131,11 @@ def build_query(spec: QuerySpec, pods: Iterable[PodKey]) -> str:
         f'label_replace({util}, "{FIELD_LABEL}", "util", "", "")',
         f'label_replace(min by ({by}) (timestamp({spec.metric}{sel})), "{FIELD_LABEL}", "ts", "", "")',
     ]
+    if spec.framebuffer_query:
+        fb = Template(spec.framebuffer_query).substitute(variables)
+        if spec.framebuffer_unit_bytes != 1:
+            fb = f"({fb}) * {spec.framebuffer_unit_bytes}"
+        parts.append(f'label_replace({fb}, "{FIELD_LABEL}", "fb", "", "")')
     if spec.xid_query:
         xid = Template(spec.xid_query).substitute(variables)
         parts.append(f'label_replace(({xid}) > 0, "{FIELD_LABEL}", "xid", "", "")')
@@ -144,6 +156,7 @@ def readings_from_samples(
     util: dict[PodKey, float] = {}
     stamp: dict[PodKey, float] = {}
     xids: dict[PodKey, list[XidEvent]] = {}
+    fb: dict[PodKey, float] = {}
     for s in samples:
         key = PodKey(s.labels.get(spec.namespace_label, ""), s.labels.get(spec.pod_label, ""))
         kind = s.labels.get(FIELD_LABEL)
@@ -151,12 +164,15 @@ def readings_from_samples(
             util[key] = s.value
         elif kind == "ts":
             stamp[key] = s.value
+        elif kind == "fb":
+            fb[key] = s.value
         elif kind == "xid" and s.value > 0:
             if key not in wanted:
                 # An XID template may use the exporter's own namespace/pod labels (HAMi preset).
                 key = PodKey(s.labels.get("namespace", ""), s.labels.get("pod", ""))
             xids.setdefault(key, []).append(XidEvent(code=int(s.value), gpu=s.labels.get(spec.gpu_label, "")))
     out: dict[PodKey, PodReading] = {}
+    collect_fb = bool(spec.framebuffer_query)
     for key in pods:
         events = tuple(sorted(xids.get(key, ()), key=lambda x: (x.gpu, x.code)))
         if key not in util:
@@ -176,8 +192,16 @@ def readings_from_samples(
                 SignalFailure(reason=FailureReason.PARSE_ERROR, detail="negative reading"), events
             )
         else:
-            out[key] = PodReading(util[key], events)
+            out[key] = PodReading(util[key], events, _memory(fb.get(key)) if collect_fb else None)
     return out
+
+
+def _memory(value: float | None) -> int | SignalFailure:
+    if value is None:
+        return SignalFailure(reason=FailureReason.MISSING, detail="no framebuffer series")
+    if not 0 <= value < 1 << 62:  # also NaN
+        return SignalFailure(reason=FailureReason.PARSE_ERROR, detail="framebuffer reading out of range")
+    return int(value)
 
 
 class UtilizationSource:
@@ -206,6 +230,19 @@ class UtilizationSource:
             return out | {p: PodReading(exc.failure) for p in valid}
         # An empty result carries no evaluation time; we asked for `now`, so that is it.
         return out | readings_from_samples(self.spec, valid, eval_time or now, samples)
+
+
+def workload_memory(readings: Iterable[PodReading]) -> GpuMemory | SignalFailure | None:
+    """Framebuffer used by a workload: the sum over its pods; any pod failing fails it (fail safe),
+    None when the query did not collect memory."""
+    total = 0
+    for r in readings:
+        if r.memory is None:
+            return None
+        if isinstance(r.memory, SignalFailure):
+            return r.memory
+        total += r.memory
+    return GpuMemory.model_construct(used_bytes=total)
 
 
 def workload_sample(readings: Iterable[PodReading]) -> UtilizationSample:

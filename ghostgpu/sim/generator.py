@@ -3,6 +3,10 @@
 The generator only produces what signal sources would observe (readings, process tables, artifact
 sizes, fault events); it never decides. Verdicts come from `ghostgpu.verdict.decide`, the same
 function the controller calls.
+
+GPU memory is not part of the published model: it is derived from what was already drawn (no
+extra random draw, so the published fleet is the same draw for draw): a live job holds a CUDA
+context per process, a finished or crashed one holds none.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from ghostgpu.verdict import (
     ContainerRestart,
     Evidence,
     FaultEvidence,
+    GpuMemory,
     ProcessInfo,
     XidEvent,
 )
@@ -25,6 +30,8 @@ from ghostgpu.verdict import (
 CRASH_XIDS = (13, 31, 43, 48, 79)
 BENIGN_XID = 63  # page retirement notice; ignored by the default policy
 LIVE_STATES = ("R", "S", "Sl", "D")
+CONTEXT_BYTES = 6 << 30  # framebuffer a live training process holds (model, optimizer, cache)
+NO_MEMORY = GpuMemory(used_bytes=0)
 WORKER_COMMANDS = (
     "python train.py --config run.yaml",
     "python -m torch.utils.data.worker",
@@ -70,6 +77,7 @@ def _active(rng: random.Random, model: FleetModel, samples: int) -> tuple[bool, 
         processes=processes,
         artifacts=artifacts,
         faults=FaultEvidence(restarts=restarts),
+        memory=GpuMemory(used_bytes=n * CONTEXT_BYTES),
     )
 
 
@@ -89,7 +97,9 @@ def _finished(rng: random.Random, model: FleetModel, samples: int) -> Evidence:
             if rng.random() < 0.5
             else FaultEvidence(xid_events=(XidEvent(code=BENIGN_XID, gpu="GPU-0"),))
         )
-    return Evidence(utilization=(0.0,) * samples, processes=(), artifacts=artifacts, faults=faults)
+    return Evidence(
+        utilization=(0.0,) * samples, processes=(), artifacts=artifacts, faults=faults, memory=NO_MEMORY
+    )
 
 
 def _zombie(rng: random.Random, model: FleetModel, samples: int) -> tuple[bool, bool, Evidence]:
@@ -115,7 +125,13 @@ def _zombie(rng: random.Random, model: FleetModel, samples: int) -> tuple[bool, 
                 )
             )
         )
-    evidence = Evidence(utilization=(0.0,) * samples, processes=processes, artifacts=artifacts, faults=faults)
+    evidence = Evidence(
+        utilization=(0.0,) * samples,
+        processes=processes,
+        artifacts=artifacts,
+        faults=faults,
+        memory=NO_MEMORY,
+    )
     return defunct, crash, evidence
 
 

@@ -202,6 +202,7 @@ class FakeCluster:
 class ScriptedUtilization:
     def __init__(self) -> None:
         self.values: dict[str, float | SignalFailure] = {}
+        self.memory: dict[str, int | SignalFailure] = {}  # framebuffer bytes; default 0 (no context)
         self.queries: list[list[PodKey]] = []
 
     async def poll(self, pods: Iterable[PodKey], *, now: float) -> dict[PodKey, PodReading]:
@@ -211,8 +212,13 @@ class ScriptedUtilization:
         for p in pods:
             app = p.name.split("-abc12")[0]
             v = self.values.get(app, SignalFailure(reason=FailureReason.MISSING))
-            out[p] = PodReading(v)
+            out[p] = PodReading(v, (), self.memory.get(app, 0))
         return out
+
+
+def ps(*rows: str) -> str:
+    """procps's listing for the controller's argv: "pid ppid stat etimes args" rows."""
+    return "PID PPID STAT ELAPSED COMMAND\n" + "".join(f"{r}\n" for r in rows)
 
 
 class ScriptedExec:
@@ -223,7 +229,10 @@ class ScriptedExec:
     async def run(self, pod: PodRef, argv: tuple[str, ...], *, timeout: float) -> ExecResult:
         self.calls.append((pod.name, argv))
         app = pod.name.split("-abc12")[0]
-        t = self.tables.get(app, "PID STAT COMMAND\n1 Ss sh\n9 R python\n")
+        t = self.tables.get(
+            app,
+            ps("1 0 Ss 900 sh -c python train.py", "9 1 R 900 python train.py"),
+        )
         if isinstance(t, ExecFailed):
             raise t
         return ExecResult(t, "", 0)
@@ -313,8 +322,8 @@ class Harness:
         return int(self.objects[WorkloadRef("Deployment", NS, name)]["spec"]["replicas"])
 
 
-FINISHED = "PID STAT COMMAND\n1 Ss sh\n7 S sleep\n"
-ZOMBIE = "PID STAT COMMAND\n1 Ss sh\n12 Z python\n"
+FINISHED = ps("1 0 Ss 900 sh -c python train.py; sleep infinity", "7 1 S 600 sleep infinity")
+ZOMBIE = ps("1 0 Ss 900 sh -c python train.py", "12 1 Z 600 [python] <defunct>")
 
 
 async def test_shadow_judges_records_and_touches_nothing(tmp_path: Path) -> None:
@@ -322,7 +331,10 @@ async def test_shadow_judges_records_and_touches_nothing(tmp_path: Path) -> None
     h.add("busy", util=80.0)
     h.add("done", table=FINISHED)
     h.add("crashed", table=ZOMBIE)
-    h.add("gap", table="PID STAT COMMAND\n1 Ss sh\n12 Sl python\n")
+    h.add(
+        "gap",
+        table=ps("1 0 Ss 900 sh -c python train.py", "12 1 Sl 900 python train.py"),
+    )
     h.add("broken", util=SignalFailure(reason=FailureReason.HTTP_ERROR))
     await h.polls(2)
     # fewer than K samples: nobody is judged yet, busy or not, and a warm-up writes nothing
@@ -357,7 +369,10 @@ async def test_enforce_scales_exactly_the_reclaimable_once(tmp_path: Path) -> No
     h.add("busy", util=80.0)
     h.add("done", table=FINISHED)
     h.add("crashed", table=ZOMBIE)
-    h.add("held", table="PID STAT COMMAND\n1 Ss tini\n8 Sl jupyter-lab\n")
+    h.add(
+        "held",
+        table=ps("1 0 Ss 900 tini -- jupyter-lab", "8 1 Sl 900 jupyter-lab --port 8888"),
+    )
     h.add("exempt", ann={"ghostgpu.io/reclaim-policy": "never"}, table=FINISHED)
     h.add("procs-forbidden", table=ExecFailed(FailureReason.FORBIDDEN, "HTTP 403"))
     await h.polls(7)

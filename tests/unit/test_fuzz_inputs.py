@@ -38,7 +38,7 @@ from ghostgpu.signals.artifacts import (
     parse_du,
 )
 from ghostgpu.signals.podexec import ExecResult, PodRef
-from ghostgpu.signals.processes import PS_ARGV, MalformedListing, ProcessSource, parse_ps
+from ghostgpu.signals.processes import LISTING_ARGVS, PS_ARGV, MalformedListing, ProcessSource, parse_ps
 from ghostgpu.signals.prometheus import PrometheusError, parse_vector
 from ghostgpu.signals.utilization import PodKey, PodReading
 from ghostgpu.verdict import RECLAIMABLE_KINDS, SignalFailure, VerdictKind
@@ -186,7 +186,7 @@ class RecordingExec:
     async def run(self, pod: PodRef, argv: tuple[str, ...], *, timeout: float) -> ExecResult:
         self.calls.append(argv)
         if argv == PS_ARGV:
-            return ExecResult("PID STAT COMMAND\n    1 S    sleep\n", "", 0)
+            return ExecResult("PID PPID STAT ELAPSED COMMAND\n    1 0 S 900 sleep infinity\n", "", 0)
         if argv[: len(DU_ARGV_PREFIX)] == DU_ARGV_PREFIX:
             return ExecResult(f"4\t{argv[-1]}\n", "", 0)
         return ExecResult("", "", 0)
@@ -234,6 +234,16 @@ async def test_process_probe_argv_never_depends_on_the_pod(ns: str, name: str, c
     ex = RecordingExec()
     await ProcessSource(ex, concurrency=1, timeout=1).list_processes(PodRef(ns, name, container))
     assert ex.calls == [PS_ARGV]
+    # A container whose ps rejects the procps columns gets the one other fixed argv, nothing else.
+    busybox = RecordingExec()
+
+    async def rejecting(pod: PodRef, argv: tuple[str, ...], *, timeout: float) -> ExecResult:
+        busybox.calls.append(argv)
+        return ExecResult("", "ps: bad -o argument 'etimes'", 1)
+
+    busybox.run = rejecting  # type: ignore[method-assign]
+    await ProcessSource(busybox, concurrency=1, timeout=1).list_processes(PodRef(ns, name, container))
+    assert busybox.calls == list(LISTING_ARGVS)
 
 
 # --- workload annotations through the reconciler ----------------------------------------------------
@@ -327,7 +337,7 @@ def test_hostile_annotations_reach_only_the_fixed_argv_and_never_a_reclaim(
         return result
 
     result = asyncio.run(polls())
-    allowed = {PS_ARGV}
+    allowed = set(LISTING_ARGVS)
     for ann in batch:
         try:
             t = parse_artifact_uri(ann.get("ghostgpu.io/artifacts", ""))

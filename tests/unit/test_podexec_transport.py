@@ -34,7 +34,11 @@ from ghostgpu.signals.processes import PS_ARGV, ProcessSource
 from ghostgpu.verdict import FailureReason, ProcessInfo, SignalFailure
 
 POD = PodRef("team-a", "train-0", "main")
-LISTING = "    PID STAT COMMAND\n      1 Ss   python\n     88 R+   ps\n"
+LISTING = (
+    "    PID    PPID STAT ELAPSED COMMAND\n"
+    "      1       0 Ss       60 python\n"
+    "     88       0 R+        0 ps\n"
+)
 SUCCESS = {"kind": "Status", "apiVersion": "v1", "status": "Success", "metadata": {}}
 
 
@@ -336,7 +340,10 @@ async def test_through_process_source(apiserver: FakeApiserver, transport: str) 
     ex = await make_exec(kubeconfig(apiserver.url), transport)
     pods = [PodRef("ns", f"p{i}", "main") for i in range(12)]
     out = await ProcessSource(ex, concurrency=8, timeout=5).list_many(pods)
-    assert set(out.values()) == {(ProcessInfo(pid=1, state="Ss", command="python"),)}
+    for pod, listing in out.items():
+        assert listing == (
+            ProcessInfo(pid=1, state="Ss", command="python", ppid=0, elapsed_s=60, scope=f"{pod.name}/main"),
+        )
     assert len(apiserver.seen) == 12
 
 
@@ -706,7 +713,7 @@ async def test_many_concurrent_execs_each_get_their_own_result(apiserver: FakeAp
         n = len(apiserver.seen)
         await peer.accept()
         await asyncio.sleep(0.01)
-        await peer.channel(1, f"PID STAT COMMAND\n1 S n{n}\n")
+        await peer.channel(1, f"PID PPID STAT ELAPSED COMMAND\n1 0 S 5 n{n}\n")
         await peer.status(SUCCESS)
         await peer.close()
 

@@ -14,41 +14,68 @@ import pytest
 
 from ghostgpu.signals.podexec import ExecFailed, ExecResult, ExecStream, KubeExec, PodRef
 from ghostgpu.signals.processes import (
+    LISTING_ARGVS,
     PS_ARGV,
+    PS_ARGV_BUSYBOX,
     MalformedListing,
     ProcessSource,
     merge_listings,
     parse_ps,
-    without_idle_holders,
 )
 from ghostgpu.verdict import FailureReason, ProcessInfo, SignalFailure
 
 POD = PodRef("team-a", "train-0", "main")
 
-LISTING = """    PID STAT COMMAND
-      1 Ss   python
-     27 Sl   pt_data_worker
-     31 Z    python
-     88 R+   ps
+# What procps 4 prints for PS_ARGV (column widths as procps pads them).
+LISTING = """    PID    PPID STAT ELAPSED COMMAND
+      1       0 Ss       932 /bin/sh -c python train.py --epochs 3
+     27       1 Sl       930 python train.py --epochs 3
+     31      27 Z        120 [python] <defunct>
+     88       0 R+         0 ps -eo pid,ppid,stat,etimes,args
+"""
+# What BusyBox 1.35 prints for PS_ARGV_BUSYBOX.
+BUSYBOX_LISTING = """PID   PPID  STAT COMMAND
+    1     0 S    sh -c while true; do python job.py; sleep 3600; done
+   14     1 S    sleep 3600
+   15     0 R    ps -eo pid,ppid,stat,args
 """
 
 
 # --- parser ---------------------------------------------------------------------------------------
 
 
-def test_parse_ps_states_and_drops_the_probe() -> None:
-    procs = parse_ps(LISTING)
-    assert [(p.pid, p.state, p.command) for p in procs] == [
-        (1, "Ss", "python"),
-        (27, "Sl", "pt_data_worker"),
-        (31, "Z", "python"),
+def test_parse_procps_listing_keeps_parents_ages_and_arguments_and_drops_the_probe() -> None:
+    procs = parse_ps(LISTING, scope="train-0/main")
+    assert [(p.pid, p.ppid, p.state, p.elapsed_s, p.command) for p in procs] == [
+        (1, 0, "Ss", 932, "/bin/sh -c python train.py --epochs 3"),
+        (27, 1, "Sl", 930, "python train.py --epochs 3"),
+        (31, 27, "Z", 120, "[python] <defunct>"),
     ]
     assert [p.defunct for p in procs] == [False, False, True]
+    assert {p.scope for p in procs} == {"train-0/main"}
 
 
-def test_parse_ps_keeps_commands_with_spaces_and_pid1_named_ps() -> None:
-    procs = parse_ps("PID STAT COMMAND\n1 S ps\n7 S my worker\n")
-    assert [(p.pid, p.command) for p in procs] == [(1, "ps"), (7, "my worker")]
+def test_parse_busybox_listing_has_no_elapsed_column() -> None:
+    procs = parse_ps(BUSYBOX_LISTING)
+    assert [(p.pid, p.ppid, p.elapsed_s, p.command) for p in procs] == [
+        (1, 0, None, "sh -c while true; do python job.py; sleep 3600; done"),
+        (14, 1, None, "sleep 3600"),
+    ]
+
+
+def test_parse_ps_keeps_pid1_named_ps_and_a_ps_started_by_the_workload() -> None:
+    text = "PID PPID STAT COMMAND\n1 0 S ps\n7 1 S my worker --x\n8 7 S ps aux\n"
+    assert [(p.pid, p.command) for p in parse_ps(text)] == [(1, "ps"), (7, "my worker --x"), (8, "ps aux")]
+
+
+def test_parse_ps_drops_the_other_probes_of_the_controller() -> None:
+    text = "PID PPID STAT COMMAND\n1 0 S python serve.py\n40 0 D du -sk -- /data\n41 0 R ls -1a -- /data\n"
+    assert [p.pid for p in parse_ps(text)] == [1]
+
+
+def test_parse_ps_bounds_the_command_line() -> None:
+    (proc,) = parse_ps("PID PPID STAT COMMAND\n1 0 S python " + "x" * 10_000 + "\n")
+    assert len(proc.command) == 512 and proc.command.startswith("python xx")
 
 
 @pytest.mark.parametrize(
@@ -56,11 +83,14 @@ def test_parse_ps_keeps_commands_with_spaces_and_pid1_named_ps() -> None:
     [
         "",  # nothing at all
         "  PID TTY          TIME CMD\n    1 ?        00:00:00 sh\n",  # wrong columns (plain `ps`)
-        "PID STAT COMMAND\nabc S python\n",  # non-numeric pid
-        "PID STAT COMMAND\n0 S python\n",  # pid 0 does not exist in a container
-        "PID STAT COMMAND\n12 ?? python\n",  # unknown state
-        "PID STAT COMMAND\n12\n",  # truncated row
-        "ps: unrecognized option: o\nBusyBox v1.36\n",  # an error printed on stdout
+        "PID STAT COMMAND\n1 S python\n",  # the old three-column listing
+        "PID PPID STAT ELAPSED COMMAND\nabc 0 S 5 python\n",  # non-numeric pid
+        "PID PPID STAT ELAPSED COMMAND\n0 0 S 5 python\n",  # pid 0 does not exist in a container
+        "PID PPID STAT ELAPSED COMMAND\n3 x S 5 python\n",  # non-numeric ppid
+        "PID PPID STAT ELAPSED COMMAND\n3 1 S 05:12 python\n",  # etime, not etimes
+        "PID PPID STAT ELAPSED COMMAND\n12 1 ?? 5 python\n",  # unknown state
+        "PID PPID STAT ELAPSED COMMAND\n12 1\n",  # truncated row
+        "ps: bad -o argument 'etimes', supported arguments: user,group,comm,args,pid,ppid\n",
     ],
 )
 def test_parse_ps_rejects_malformed_listings(text: str) -> None:
@@ -69,34 +99,58 @@ def test_parse_ps_rejects_malformed_listings(text: str) -> None:
 
 
 def test_header_only_listing_is_no_processes() -> None:
-    assert parse_ps("PID STAT COMMAND\n") == ()
-    assert parse_ps("PID STAT COMMAND\n88 R ps\n") == ()  # only the probe itself
+    assert parse_ps("PID PPID STAT ELAPSED COMMAND\n") == ()
+    assert parse_ps("PID PPID STAT COMMAND\n88 0 R ps -eo pid,ppid,stat,args\n") == ()  # only the probe
 
 
-def test_idle_holders_are_dropped_only_when_alone() -> None:
-    def procs(*rows: tuple[int, str, str]) -> tuple[ProcessInfo, ...]:
-        return tuple(ProcessInfo(pid=p, state=s, command=c) for p, s, c in rows)
-
-    finished = procs((1, "Ss", "sh"), (7, "S", "sleep"))
-    assert without_idle_holders(finished) == ((), 2)
-    zombie = procs((1, "Ss", "sh"), (9, "Z", "python"))
-    assert without_idle_holders(zombie) == (procs((9, "Z", "python")), 1)
-    working = procs((1, "Ss", "sh"), (8, "R", "python"))
-    assert without_idle_holders(working) == (working, 0)
-    interactive = procs((1, "Ss", "sleep"), (30, "Ss+", "bash"))  # someone's kubectl exec -it
-    assert without_idle_holders(interactive) == (interactive, 0)
-    busy_shell = procs(
-        (1, "R", "sh"),
-    )
-    assert without_idle_holders(busy_shell) == (busy_shell, 0)
-    fail = SignalFailure(reason=FailureReason.TIMEOUT)
-    assert without_idle_holders(fail) == (fail, 0)
-    assert without_idle_holders(None) == (None, 0)
+def test_argvs_are_fixed_read_only_constants() -> None:
+    assert PS_ARGV == ("ps", "-eo", "pid,ppid,stat,etimes,args")
+    assert PS_ARGV_BUSYBOX == ("ps", "-eo", "pid,ppid,stat,args")
+    assert LISTING_ARGVS == (PS_ARGV, PS_ARGV_BUSYBOX)
+    assert all(isinstance(a, tuple) for a in LISTING_ARGVS)
 
 
-def test_argv_is_a_fixed_read_only_constant() -> None:
-    assert PS_ARGV == ("ps", "-eo", "pid,stat,comm")
-    assert isinstance(PS_ARGV, tuple)
+# --- the real procps and BusyBox ps of this machine -------------------------------------------------
+
+
+def _run(argv: tuple[str, ...]) -> str:
+    import subprocess
+
+    return subprocess.run(argv, capture_output=True, text=True, timeout=10, check=True).stdout
+
+
+def test_the_real_procps_listing_parses_and_shows_a_timer() -> None:
+    import shutil
+    import subprocess
+
+    if shutil.which("ps") is None:
+        pytest.skip("no procps ps on this machine")
+    with subprocess.Popen(["sleep", "3600"]) as timer:
+        try:
+            procs = parse_ps(_run(PS_ARGV))
+        finally:
+            timer.kill()
+    (mine,) = [p for p in procs if p.pid == timer.pid]
+    assert mine.command == "sleep 3600" and mine.elapsed_s is not None and mine.elapsed_s < 60
+
+
+def test_the_real_busybox_listing_parses_and_shows_a_timer() -> None:
+    import shutil
+    import subprocess
+
+    busybox = shutil.which("busybox")
+    if busybox is None:
+        pytest.skip("no busybox on this machine (hack/test installs it)")
+    # BusyBox's ps rejects the procps columns: that is why the controller has a second argv.
+    rejected = subprocess.run([busybox, *PS_ARGV], capture_output=True, text=True, timeout=10)
+    assert rejected.returncode != 0 and "etimes" in rejected.stderr
+    with subprocess.Popen(["sleep", "3600"]) as timer:
+        try:
+            procs = parse_ps(_run((busybox, *PS_ARGV_BUSYBOX)))
+        finally:
+            timer.kill()
+    (mine,) = [p for p in procs if p.pid == timer.pid]
+    assert mine.command == "sleep 3600" and mine.elapsed_s is None
 
 
 # --- exec stream decoder --------------------------------------------------------------------------
@@ -204,7 +258,10 @@ async def test_exec_http_errors_become_typed_failures(
     out = await source.list_processes(POD)
     assert isinstance(out, SignalFailure) and out.reason is reason
     # the argv reached the apiserver as fixed, separate command parameters
-    assert "command=ps&command=-eo&command=pid%2Cstat%2Ccomm&container=main" in script["paths"][-1]
+    assert (
+        "command=ps&command=-eo&command=pid%2Cppid%2Cstat%2Cetimes%2Cargs&container=main"
+        in script["paths"][-1]
+    )
 
 
 async def test_exec_timeout(fake_apiserver: tuple[str, dict]) -> None:
@@ -258,7 +315,72 @@ async def test_source_maps_exit_codes_parse_errors_and_exec_failures() -> None:
     assert out[pods[1]].reason is FailureReason.EXEC_ERROR  # type: ignore[union-attr]
     assert out[pods[2]].reason is FailureReason.PARSE_ERROR  # type: ignore[union-attr]
     assert out[pods[3]].reason is FailureReason.FORBIDDEN  # type: ignore[union-attr]
-    assert {argv for _, argv in ex.calls} == {PS_ARGV}
+    # A ps that exits non-zero or prints what the parser rejects gets the BusyBox argv once more;
+    # an exec that failed at the apiserver does not.
+    assert sorted((pod.name, argv) for pod, argv in ex.calls) == sorted(
+        [
+            ("ok", PS_ARGV),
+            ("exit1", PS_ARGV),
+            ("exit1", PS_ARGV_BUSYBOX),
+            ("garbage", PS_ARGV),
+            ("garbage", PS_ARGV_BUSYBOX),
+            ("forbidden", PS_ARGV),
+        ]
+    )
+
+
+class ArgvExec:
+    """A container's ps: BusyBox (rejects procps columns), procps, or none at all (distroless)."""
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+        self.calls: list[tuple[str, ...]] = []
+
+    async def run(self, pod: PodRef, argv: tuple[str, ...], *, timeout: float) -> ExecResult:
+        self.calls.append(argv)
+        if self.kind == "distroless":
+            raise ExecFailed(
+                FailureReason.EXEC_ERROR,
+                'OCI runtime exec failed: exec: "ps": executable file not found in $PATH: unknown',
+            )
+        if self.kind == "busybox" and argv != PS_ARGV_BUSYBOX:
+            return ExecResult("", "ps: bad -o argument 'etimes', supported arguments: user,pid", 1)
+        return ExecResult(BUSYBOX_LISTING if self.kind == "busybox" else LISTING, "", 0)
+
+
+async def test_busybox_container_gets_the_busybox_argv_and_it_is_remembered() -> None:
+    ex = ArgvExec("busybox")
+    src = ProcessSource(ex)
+    first = await src.list_processes(POD)
+    second = await src.list_processes(POD)
+    assert isinstance(first, tuple) and first == second
+    assert [p.command for p in first] == [
+        "sh -c while true; do python job.py; sleep 3600; done",
+        "sleep 3600",
+    ]
+    assert ex.calls == [PS_ARGV, PS_ARGV_BUSYBOX, PS_ARGV_BUSYBOX]
+
+
+@pytest.mark.parametrize(
+    "result",
+    [
+        ExecResult("", "sh: ps: not found", 127),
+        ExecResult("", "", 126),
+    ],
+)
+async def test_a_container_without_ps_is_no_listing(result: ExecResult) -> None:
+    ex = ScriptedExec({"train-0": result})
+    out = await ProcessSource(ex).list_processes(POD)
+    assert isinstance(out, SignalFailure) and out.reason is FailureReason.NO_LISTING
+    assert [argv for _, argv in ex.calls] == [PS_ARGV]  # no second try: there is no ps at all
+
+
+async def test_distroless_container_is_no_listing_with_its_own_reason() -> None:
+    ex = ArgvExec("distroless")
+    out = await ProcessSource(ex).list_processes(POD)
+    assert isinstance(out, SignalFailure) and out.reason is FailureReason.NO_LISTING
+    assert "cannot be seen" in out.detail and "'main'" in out.detail
+    assert ex.calls == [PS_ARGV]
 
 
 async def test_source_bounds_concurrency() -> None:

@@ -24,9 +24,10 @@ from ghostgpu.signals.utilization import (
     UtilizationRing,
     UtilizationSource,
     build_query,
+    workload_memory,
     workload_sample,
 )
-from ghostgpu.verdict import FailureReason, SignalFailure
+from ghostgpu.verdict import FailureReason, GpuMemory, SignalFailure
 
 NOW = 1_760_000_000.0
 SPEC = QuerySpec.from_preset(MetricsConfig().dcgm, max_sample_age=60)
@@ -101,8 +102,11 @@ def test_query_is_one_expression_for_all_pods_with_escaped_names() -> None:
     assert 'pod=~"notebook-7f9c|serve\\\\.v2-0|train-0"' in q
     assert 'namespace=~"team-a|team-b"' in q
     assert "DCGM_FI_DEV_XID_ERRORS{" in q and "> 0" in q
-    assert q.count(" or ") == 2
+    # util, ts, fb (framebuffer in bytes: dcgm-exporter reports MiB) and xid in one expression
+    assert q.count(" or ") == 3
     assert "timestamp(DCGM_FI_DEV_GPU_UTIL{" in q
+    assert "(sum by (namespace, pod) (DCGM_FI_DEV_FB_USED{" in q and ") * 1048576" in q
+    assert '"ghostgpu_field", "fb"' in q
 
 
 def test_query_uses_label_mapping_and_scale() -> None:
@@ -163,11 +167,37 @@ async def test_readings_per_pod_with_max_over_gpus_and_xids(prom: tuple[str, Can
         series("ts", "other-ns", "train-0", NOW),
     )
     out = await poll(url, [A, B])
-    assert out[A] == PodReading(87.0, ())
+    # No framebuffer series in this answer: memory is missing (a failure), utilization stands.
+    assert out[A].utilization == 87.0 and out[A].xids == ()
+    assert isinstance(out[A].memory, SignalFailure) and out[A].memory.reason is FailureReason.MISSING
     assert out[B].utilization == 0.0
     assert [(x.code, x.gpu) for x in out[B].xids] == [(79, "1")]
     assert len(canned.queries) == 1, "one HTTP query per poll"
     assert canned.queries[0]["time"] == [f"{NOW:.3f}"]
+
+
+async def test_framebuffer_bytes_per_pod_and_workload_sum(prom: tuple[str, Canned]) -> None:
+    url, canned = prom
+    canned.body = success(
+        series("util", "team-a", "train-0", 0.0),
+        series("ts", "team-a", "train-0", NOW),
+        series("fb", "team-a", "train-0", float(3 << 30)),
+        series("util", "team-a", "notebook-7f9c", 0.0),
+        series("ts", "team-a", "notebook-7f9c", NOW),
+        series("fb", "team-a", "notebook-7f9c", 0.0),
+    )
+    out = await poll(url, [A, B])
+    assert out[A] == PodReading(0.0, (), 3 << 30)
+    assert out[B] == PodReading(0.0, (), 0)
+    assert workload_memory([out[A], out[B]]) == GpuMemory(used_bytes=3 << 30)
+    missing = PodReading(0.0, (), SignalFailure(reason=FailureReason.MISSING))
+    assert workload_memory([out[A], missing]) == missing.memory, "one pod failing fails the workload"
+    assert workload_memory([PodReading(0.0)]) is None, "not collected is not a failure"
+
+
+def test_a_preset_without_a_framebuffer_query_collects_no_memory() -> None:
+    spec = SPEC.model_copy(update={"framebuffer_query": None})
+    assert '"fb"' not in build_query(spec, [A])
 
 
 async def test_missing_series_is_a_failure_not_zero(prom: tuple[str, Canned]) -> None:

@@ -14,6 +14,7 @@ from ghostgpu.verdict import (
     Evidence,
     FailureReason,
     FaultEvidence,
+    GpuMemory,
     ProcessInfo,
     Reason,
     Rule,
@@ -38,6 +39,7 @@ ALL_RULES = [SINGLE, WINDOW, PAPER, GHOST]
 def ev(**kw: object) -> Evidence:
     kw.setdefault("utilization", ZERO5)
     kw.setdefault("processes", ())
+    kw.setdefault("memory", GpuMemory(used_bytes=0))
     return Evidence(**kw)  # type: ignore[arg-type]
 
 
@@ -149,8 +151,13 @@ def test_failed_artifact_read_is_unknown(policy: VerdictPolicy) -> None:
 
 
 def test_all_failed_required_signals_are_listed() -> None:
-    v = decide(ev(processes=fail(), artifacts=fail()))
-    assert v.reasons == (Reason.UTILIZATION_ZERO, Reason.PROCESSES_FAILED, Reason.ARTIFACTS_FAILED)
+    v = decide(ev(processes=fail(), artifacts=fail(), memory=fail()))
+    assert v.reasons == (
+        Reason.UTILIZATION_ZERO,
+        Reason.PROCESSES_FAILED,
+        Reason.ARTIFACTS_FAILED,
+        Reason.MEMORY_FAILED,
+    )
 
 
 def test_artifacts_not_required_are_skipped_when_unreadable() -> None:
@@ -265,6 +272,7 @@ def test_no_process_no_fault_is_finished() -> None:
         Reason.UTILIZATION_ZERO,
         Reason.ARTIFACTS_NOT_DECLARED,
         Reason.NO_PROCESS,
+        Reason.MEMORY_FREE,
         Reason.NO_FAULT,
     )
 

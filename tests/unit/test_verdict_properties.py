@@ -12,13 +12,17 @@ from ghostgpu.verdict import (
     Evidence,
     FailureReason,
     FaultEvidence,
+    GpuMemory,
     ProcessInfo,
+    ProcessPolicy,
+    ProcessRole,
     Rule,
     Signal,
     SignalFailure,
     VerdictKind,
     VerdictPolicy,
     XidEvent,
+    classify_listing,
     decide,
 )
 
@@ -30,13 +34,39 @@ samples = st.one_of(mixed, st.lists(st.sampled_from([0.0, 0.0, 0.0, 0.2]), max_s
 
 live_states = st.sampled_from(["R", "S", "Sl", "D", "Ss", "R+", "I", "T", "t"])
 dead_states = st.sampled_from(["Z", "Z+", "Zs", "X", "z", "x"])
+# Real command lines of every role (holders, wrappers, timers, work) and arbitrary text.
+commands = st.one_of(
+    st.sampled_from(
+        [
+            "sleep infinity",
+            "sleep 3600",
+            "sleep 2147483647",
+            "sleep",
+            "/bin/sh -c python job.py; sleep 3600",
+            "bash",
+            "tini -- python serve.py",
+            "/pause",
+            "tail -f /dev/null",
+            "crond -f",
+            "timeout 600 python eval.py",
+            "python train.py",
+            "[python] <defunct>",
+        ]
+    ),
+    st.text(max_size=24),
+)
+ppids = st.one_of(st.none(), st.integers(0, 64))
 live_procs = st.builds(
-    ProcessInfo, pid=st.integers(1, 1 << 22), state=live_states, command=st.text(max_size=12)
+    ProcessInfo, pid=st.integers(1, 1 << 22), state=live_states, command=commands, ppid=ppids
 )
-dead_procs = st.builds(
-    ProcessInfo, pid=st.integers(1, 1 << 22), state=dead_states, command=st.text(max_size=12)
-)
+dead_procs = st.builds(ProcessInfo, pid=st.integers(1, 1 << 22), state=dead_states, command=commands)
 any_procs = st.one_of(live_procs, dead_procs)
+memories = st.one_of(
+    st.none(),
+    st.builds(GpuMemory, used_bytes=st.sampled_from([0, 1 << 20, 64 << 20, (64 << 20) + 1, 80 << 30])),
+    st.builds(SignalFailure, reason=st.sampled_from(FailureReason)),
+)
+LIVE_WORK = {ProcessRole.WORK, ProcessRole.TIMER, ProcessRole.SESSION}
 
 sizes = st.integers(min_value=0, max_value=1 << 40)
 artifacts = st.one_of(
@@ -65,7 +95,9 @@ faults = st.one_of(
 @st.composite
 def policies(draw: st.DrawFn, rules: list[Rule]) -> VerdictPolicy:
     window = draw(st.integers(1, 12))
-    optional = draw(st.sets(st.sampled_from([Signal.PROCESSES, Signal.ARTIFACTS, Signal.FAULTS])))
+    optional = draw(
+        st.sets(st.sampled_from([Signal.PROCESSES, Signal.ARTIFACTS, Signal.FAULTS, Signal.MEMORY]))
+    )
     return VerdictPolicy(
         rule=draw(st.sampled_from(rules)),
         window=window,
@@ -81,7 +113,11 @@ def evidence_with_live_process(draw: st.DrawFn) -> Evidence:
     table = draw(st.lists(any_procs, max_size=5))
     table.insert(draw(st.integers(0, len(table))), draw(live_procs))
     return Evidence(
-        utilization=draw(samples), processes=tuple(table), artifacts=draw(artifacts), faults=draw(faults)
+        utilization=draw(samples),
+        processes=tuple(table),
+        artifacts=draw(artifacts),
+        faults=draw(faults),
+        memory=draw(memories),
     )
 
 
@@ -90,10 +126,27 @@ PROCESS_AWARE = [Rule.GHOSTGPU, Rule.PAPER_MULTI_SIGNAL]
 
 @settings(max_examples=400, deadline=None)
 @given(evidence=evidence_with_live_process(), policy=policies(PROCESS_AWARE))
-def test_a_live_process_is_never_finished_or_zombie(evidence: Evidence, policy: VerdictPolicy) -> None:
+def test_live_work_is_never_finished_or_zombie(evidence: Evidence, policy: VerdictPolicy) -> None:
+    """Work, a timer between periodic runs or an attached session: never reclaimable. Only a
+    listing of wrappers and holders alone (`sh` + `sleep infinity`) may be read as no work."""
     v = decide(evidence, policy)
-    assert v.kind not in (VerdictKind.FINISHED_IDLE, VerdictKind.ZOMBIE_CRASHED)
-    assert not v.reclaimable
+    assert isinstance(evidence.processes, tuple)
+    roles = classify_listing(evidence.processes, ProcessPolicy())
+    if policy.rule is Rule.PAPER_MULTI_SIGNAL or LIVE_WORK & set(roles):
+        assert v.kind not in (VerdictKind.FINISHED_IDLE, VerdictKind.ZOMBIE_CRASHED)
+        assert not v.reclaimable
+
+
+@settings(max_examples=300, deadline=None)
+@given(evidence=evidence_with_live_process(), policy=policies([Rule.GHOSTGPU]))
+def test_memory_held_without_a_live_process_is_never_reclaimed(
+    evidence: Evidence, policy: VerdictPolicy
+) -> None:
+    v = decide(evidence, policy)
+    if isinstance(evidence.memory, GpuMemory) and evidence.memory.used_bytes > policy.memory_free_bytes:
+        assert not v.reclaimable
+    if v.reclaimable and Signal.MEMORY in policy.required:
+        assert isinstance(evidence.memory, GpuMemory)
 
 
 @settings(max_examples=300, deadline=None)
@@ -104,6 +157,7 @@ def test_a_live_process_is_never_finished_or_zombie(evidence: Evidence, policy: 
         processes=st.one_of(st.none(), failures, st.lists(any_procs, max_size=4).map(tuple)),
         artifacts=artifacts,
         faults=faults,
+        memory=memories,
     ),
     policy=policies(list(Rule)),
 )
@@ -121,6 +175,7 @@ def test_verdict_is_deterministic_and_failures_in_the_window_are_never_reclaimed
     if v.reclaimable and policy.rule is Rule.GHOSTGPU:
         # Reclaimable under the default rule means: window zero, no live process, output not moving.
         assert isinstance(evidence.processes, tuple) or Signal.PROCESSES not in policy.required
-        assert not any(isinstance(p, ProcessInfo) and not p.defunct for p in evidence.processes or ())
+        roles = classify_listing(evidence.processes or (), policy.processes)
+        assert not LIVE_WORK & set(roles), "only wrappers, holders and defunct processes may remain"
         assert not (isinstance(evidence.artifacts, ArtifactSizes) and evidence.artifacts.changed)
     assert v.reasons, "every verdict carries reasons"
