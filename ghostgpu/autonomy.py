@@ -4,7 +4,7 @@ Pure (DESIGN §2): no I/O, no clock, no Kubernetes. The controller builds `Workl
 `decide_action()` and obeys the `Decision`; `ghostgpu calibrate` feeds labelled incidents to
 `calibrate()` and prints the thresholds that go back into `AutonomyConfig`.
 
-The score (issue 6, after the published safe-autonomy method for Kubernetes remediation) is a
+The score (after the published safe-autonomy method for Kubernetes remediation) is a
 weighted sum of terms that are each normalised to [0, 1]:
 
     score = w.base_risk        * base risk of the action class (reversibility, config table)
@@ -75,7 +75,7 @@ class ActionClass(StrEnum):
     DELETE_PVC_POD = "delete_pvc_pod"
 
 
-# The eight remediation classes of the published incident set (issue 6, item 3).
+# The eight remediation classes of the published incident set.
 REMEDIATION_CLASSES: tuple[ActionClass, ...] = (
     ActionClass.SCALE_TO_ZERO,
     ActionClass.EVICT_POD,

@@ -33,7 +33,7 @@ def main(
     """ghostgpu command line."""
 
 
-# --- render (issue 2) ---
+# --- render ---
 
 
 _RENDER_CONFIG = typer.Option(
@@ -55,9 +55,9 @@ def render(
         raise typer.Exit(code)
 
 
-# --- bench (issue 3) ---
+# --- bench ---
 
-# A group so that `bench scale` (issue 7) can join; plain `ghostgpu bench` runs the detectors.
+# A group so that `bench scale` can join; plain `ghostgpu bench` runs the detectors.
 bench_app = typer.Typer(
     help="Reproduce the published ghost-occupancy benchmark through the verdict function.",
     invoke_without_command=True,
@@ -152,7 +152,7 @@ def bench_scale(
     from_json: Path | None = _SC_FROM_JSON,
     plot: Path | None = _SC_PLOT,
 ) -> None:
-    """Scale bench (issue 7): per-poll cost of the controller vs a naive cron script at each N."""
+    """Scale bench: per-poll cost of the controller vs a naive cron script at each N."""
     from ghostgpu.scale.command import run_scale_command
 
     code = run_scale_command(
@@ -171,7 +171,7 @@ def bench_scale(
         raise typer.Exit(code)
 
 
-# --- calibrate (issue 6) ---
+# --- calibrate ---
 
 _CAL_INCIDENTS = typer.Option(
     None, "--incidents", help="YAML/CSV rows: manifest, action, incident_type, dangerous (default: built-in)."
@@ -221,12 +221,12 @@ def calibrate(
         raise typer.Exit(code)
 
 
-# --- devcluster (issue 4) ---
+# --- devcluster ---
 from ghostgpu.devcluster.cli import app as _devcluster_app  # noqa: E402 (typer + stdlib at import)
 
 app.add_typer(_devcluster_app, name="devcluster")
 
-# --- controller, status, report, restore (issue 5) ---
+# --- controller, status, report, restore ---
 from ghostgpu.controller.cli import register as _register_controller  # noqa: E402 (typer only at import)
 
 _register_controller(app)

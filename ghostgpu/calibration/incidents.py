@@ -4,7 +4,7 @@ An incident is one (manifest, remediation action class, incident type, dangerous
 manifest supplies the structural facts the risk score needs (YAML lines, GPUs, replicas, volumes);
 `dangerous` is the ground truth the calibration must respect.
 
-Built-in set (issue 6, item 3, "made the published way"): every Kyverno and Kueue object that
+Built-in set ("made the published way"): every Kyverno and Kueue object that
 `ghostgpu render` produces from the embedded examples/ghostgpu.yaml (one object = one manifest;
 the committed policies/ and kueue/ bundles are read when rendering is unavailable) crossed with
 the eight remediation classes. Each event's incident type is the incident that action class

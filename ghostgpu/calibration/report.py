@@ -15,7 +15,7 @@ from rich.table import Table
 from ghostgpu.autonomy import AutonomyConfig, CalibrationResult, CalibrationSettings, Threshold, calibrate
 from ghostgpu.calibration.incidents import RUBRIC, Incident, builtin_incidents, load_incidents, scored
 
-# The publication's figures on its own 176 events (22 manifests x 8 action classes), issue 6.
+# The publication's figures on its own 176 events (22 manifests x 8 action classes).
 PUBLISHED_TAU: dict[str, tuple[float, float]] = {
     "global": (0.325, 0.417),
     "node_pressure": (0.30, 0.286),

@@ -106,7 +106,7 @@ async def restore_workload(cluster: Any, ref: WorkloadRef, ledger: ReplicaLedger
         await cluster.scale(ref, replicas)
     except Exception:
         # The scale did not land (e.g. the apiserver answered 429/500): put the count back, or the
-        # workload would stay at 0 with nothing left to restore it from (found by issue 7's faults).
+        # workload would stay at 0 with nothing left to restore it from (found by the fault suite).
         if not note:
             await cluster.patch_annotations(ref, {keys.RECLAIMED_FROM: raw})
         raise

@@ -1,4 +1,4 @@
-"""`ghostgpu bench scale` (issue 7): what one poll of the controller costs at N = 100 ... 10,000
+"""`ghostgpu bench scale`: what one poll of the controller costs at N = 100 ... 10,000
 tracked GPU pods on the local control plane, beside a naive cron-script baseline.
 
 Modules: `fleet` (kwok nodes, namespaces, bare GPU pods, the exec table), `exporter` (an N-series

@@ -7,8 +7,8 @@ from pathlib import Path
 
 from ghostgpu.scale.bench import SizeResult
 
-CPU_TARGET_S = 1.0  # issue 7: one poll at N = 10,000 costs at most 1 s of controller CPU
-RSS_TARGET_MB = 300.0  # issue 7: "under 300 MB" (decimal megabytes: 286.1 MiB)
+CPU_TARGET_S = 1.0  # one poll at N = 10,000 costs at most 1 s of controller CPU
+RSS_TARGET_MB = 300.0  # "under 300 MB" (decimal megabytes: 286.1 MiB)
 RSS_TARGET_MIB = RSS_TARGET_MB * 1e6 / 2**20
 
 
@@ -66,7 +66,7 @@ def warmup_markdown(results: Sequence[SizeResult]) -> str:
 
 
 def targets(results: Sequence[SizeResult]) -> list[tuple[str, bool, str]]:
-    """(target, met, evidence) for issue 7's structural and cost targets."""
+    """(target, met, evidence) for the structural and cost targets."""
     out: list[tuple[str, bool, str]] = []
     queries = {r.n: r.ghostgpu.prometheus_queries for r in results}
     out.append(

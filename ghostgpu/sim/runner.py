@@ -15,8 +15,9 @@ from ghostgpu.sim.faults import fault_rng, inject_faults, read_silently
 from ghostgpu.sim.generator import generate_fleet
 from ghostgpu.sim.metrics import Confusion, Counter
 from ghostgpu.sim.model import FleetModel, TruthClass
+from ghostgpu.sim.periodic import PeriodicModel, generate_periodic
 from ghostgpu.sim.published import Published, published_for
-from ghostgpu.verdict import Rule, SignalFailure, VerdictKind, VerdictPolicy, decide
+from ghostgpu.verdict import ProcessPolicy, Rule, SignalFailure, VerdictKind, VerdictPolicy, decide
 
 
 class _Frozen(BaseModel):
@@ -31,6 +32,7 @@ class BenchConfig(_Frozen):
     fault_rate: float = Field(0.0, ge=0.0, le=1.0)
     sweep_max: int = Field(10, ge=1, le=100)  # the plot's window axis: 1..sweep_max
     model: FleetModel = FleetModel()
+    periodic: PeriodicModel = PeriodicModel()  # the extension's second table (not the published one)
 
     @property
     def samples(self) -> int:
@@ -71,6 +73,35 @@ def table_detectors(window: int) -> tuple[Detector, ...]:
             VerdictPolicy(rule=Rule.GHOSTGPU, window=window),
         ),
     )
+
+
+def extended_detectors(window: int) -> tuple[Detector, ...]:
+    """The table's detectors plus the ghostgpu rule as it was before timers were told apart from
+    holders (every `sleep` a holder, no timer programs): what the periodic jobs break."""
+    holders_by_name = ProcessPolicy(timers=frozenset(), forever_sleep_s=1e-9)
+    return (
+        *table_detectors(window),
+        Detector(
+            "ghostgpu-no-timers",
+            "ghostgpu without timer detection (any sleep is a holder)",
+            VerdictPolicy(rule=Rule.GHOSTGPU, window=window, processes=holders_by_name),
+        ),
+    )
+
+
+class ExtendedRow(_Frozen):
+    key: str
+    label: str
+    confusion: Confusion  # published fleet + periodic jobs
+    periodic_false_reclaims: int  # periodic jobs judged reclaimable
+
+
+class ExtendedResult(_Frozen):
+    """The second table: the published fleet plus periodic jobs (ghostgpu.sim.periodic)."""
+
+    periodic_jobs: int
+    asleep: int  # of them, the window fell wholly between two runs
+    rows: tuple[ExtendedRow, ...]
 
 
 class DetectorResult(_Frozen):
@@ -156,6 +187,7 @@ class BenchResult(_Frozen):
     sweep: tuple[SweepPoint, ...]
     beyond: BeyondResult
     faults: FaultResult | None
+    extended: ExtendedResult | None = None
 
     def detector(self, key: str) -> DetectorResult:
         return next(d for d in self.detectors if d.key == key)
@@ -193,6 +225,10 @@ def run_bench(
     missed_kinds = Tally[str]()
     missed_reasons = Tally[str]()
     matrix: dict[str, Tally[str]] = {t.value: Tally[str]() for t in TruthClass}
+    ext_detectors = extended_detectors(config.window)
+    ext_table = {d.key: Counter() for d in ext_detectors}
+    ext_periodic = Tally[str]()
+    periodic_jobs = asleep = 0
 
     for seed in config.seed_list:
         frng = fault_rng(seed)
@@ -207,6 +243,10 @@ def run_bench(
                 unknown[d.key] += v.kind is VerdictKind.UNKNOWN
             for key, policy in sweep_policies.items():
                 sweep[key].add(positive, decide(inst.evidence, policy).reclaimable)
+            if config.periodic.share > 0:
+                for d in ext_detectors:
+                    v = verdicts.get(d.key) or decide(inst.evidence, d.policy)
+                    ext_table[d.key].add(positive, v.reclaimable)
 
             ours = verdicts["ghostgpu"]
             matrix[inst.truth.value][ours.kind.value] += 1
@@ -234,6 +274,15 @@ def run_bench(
                 progress(100)
         if progress is not None and len(fleet) % 100:
             progress(len(fleet) % 100)
+        if config.periodic.share > 0:
+            count = round(config.instances * config.periodic.share)
+            for job in generate_periodic(seed, count, config.samples, config.periodic):
+                periodic_jobs += 1
+                asleep += job.in_gap
+                for d in ext_detectors:
+                    reclaimed = decide(job.evidence, d.policy).reclaimable
+                    ext_table[d.key].add(False, reclaimed)
+                    ext_periodic[d.key] += reclaimed
 
     results = tuple(
         DetectorResult(
@@ -290,4 +339,21 @@ def run_bench(
                 for d in detectors
             ),
         )
-    return BenchResult(config=config, detectors=results, sweep=tuple(points), beyond=beyond, faults=faults)
+    extended = None
+    if config.periodic.share > 0:
+        extended = ExtendedResult(
+            periodic_jobs=periodic_jobs,
+            asleep=asleep,
+            rows=tuple(
+                ExtendedRow(
+                    key=d.key,
+                    label=d.label,
+                    confusion=ext_table[d.key].freeze(),
+                    periodic_false_reclaims=ext_periodic[d.key],
+                )
+                for d in ext_detectors
+            ),
+        )
+    return BenchResult(
+        config=config, detectors=results, sweep=tuple(points), beyond=beyond, faults=faults, extended=extended
+    )

@@ -116,6 +116,35 @@ FAULT_HEADERS = (
 )
 
 
+EXTENDED_HEADERS = ("detector", "false reclaims", "of them periodic jobs", "FPR", "recall", "accuracy")
+
+
+def extended_intro(result: BenchResult) -> str:
+    e = result.extended
+    assert e is not None
+    return (
+        f"Extension beside the published model: the same fleet plus {e.periodic_jobs:,} periodic GPU jobs "
+        f"(ACTIVE; {e.asleep:,} of them asleep between two runs for the whole window: a shell loop's "
+        "`sleep 3600`, a cron daemon). The published table above does not include them."
+    )
+
+
+def extended_rows(result: BenchResult) -> list[tuple[str, ...]]:
+    if result.extended is None:
+        return []
+    return [
+        (
+            r.label,
+            f"{r.confusion.fp:,}",
+            f"{r.periodic_false_reclaims:,}",
+            pct(r.confusion.fpr),
+            pct(r.confusion.recall),
+            pct(r.confusion.accuracy),
+        )
+        for r in result.extended.rows
+    ]
+
+
 def fault_summary(result: BenchResult) -> str:
     f = result.faults
     assert f is not None
@@ -162,6 +191,15 @@ def rich_tables(result: BenchResult) -> list[Table | str]:
             faults.add_row(d.key, *row[1:])
         out.append(faults)
         out.append(fault_summary(result))
+    if result.extended is not None:
+        ext = Table(title="Extension: the fleet plus periodic jobs", title_justify="left")
+        ext.add_column("detector", no_wrap=True)
+        for h in EXTENDED_HEADERS[1:]:
+            ext.add_column(h, justify="right")
+        for r, row in zip(result.extended.rows, extended_rows(result), strict=True):
+            ext.add_row(r.key, *row[1:])
+        out.append(ext)
+        out.append(extended_intro(result))
     return out
 
 
@@ -185,4 +223,7 @@ def markdown(result: BenchResult) -> str:
     if result.faults is not None:
         lines += ["", f"Under injected signal faults. {fault_summary(result)}", ""]
         lines += _md_table(FAULT_HEADERS, fault_rows(result))
+    if result.extended is not None:
+        lines += ["", extended_intro(result), ""]
+        lines += _md_table(EXTENDED_HEADERS, extended_rows(result))
     return "\n".join(lines) + "\n"

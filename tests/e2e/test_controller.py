@@ -2,7 +2,7 @@
 kwok nodes, exec through the apiserver into scripted process tables, the fake dcgm-exporter scraped
 by a real Prometheus, Kueue).
 
-Scenario (issue 5): 3 ACTIVE (one in a batch gap: zero utilization, live processes),
+Scenario: 3 ACTIVE (one in a batch gap: zero utilization, live processes),
 2 FINISHED_IDLE, 1 ZOMBIE_CRASHED with a defunct child, 1 exempt, 1 IDLE_HELD, 1 whose Prometheus
 series is missing. Shadow touches nothing and records verdicts + Events; enforce scales exactly the
 FINISHED_IDLE and ZOMBIE_CRASHED ones to 0; `ghostgpu restore` brings them back. A second test
@@ -894,7 +894,7 @@ def test_risk_gate_scales_the_cheap_reclaim_and_escalates_the_dear_one(
     prometheus_url: str,
     tmp_path: Path,
 ) -> None:
-    """Issue 6, enforce mode with the default tau: two FINISHED_IDLE workloads. Scaling a 1-GPU
+    """Enforce mode with the default tau: two FINISHED_IDLE workloads. Scaling a 1-GPU
     Deployment to 0 scores below tau and is done alone (with its replica record); evicting a bare
     Pod (not recreated) scores above it and is escalated instead: the pod stays, an Event
     `ReclaimEscalated` and the annotation `ghostgpu.io/escalated` say why, and a local

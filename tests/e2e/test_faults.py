@@ -1,4 +1,4 @@
-"""Fault tolerance, end to end (issue 7 §2): the controller's real reconcile path against the
+"""Fault tolerance, end to end: the controller's real reconcile path against the
 devcluster, with faults injected by real local servers, and three properties checked on every
 poll and at the end:
 

@@ -1,4 +1,4 @@
-"""The scale bench at small N, in CI (issue 7 §1): the structural targets that hold at any N.
+"""The scale bench at small N, in CI: the structural targets that hold at any N.
 The N = 10,000 figures come from `ghostgpu bench scale` (docs/scale.md), not from a test.
 
 Runs the real bench machinery on its own small control plane (etcd, kube-apiserver, kwok, no

@@ -1,4 +1,4 @@
-"""`ghostgpu bench` reproduces the published table (issue 3 acceptance) and its outputs hold up.
+"""`ghostgpu bench` reproduces the published table and its outputs hold up.
 
 These run the real benchmark with its defaults (10,000 instances, a few seconds), not a fixture.
 """
@@ -192,3 +192,33 @@ def test_published_figures_only_beside_the_configuration_they_were_measured_at()
     assert result.detector("window-util").published is None
     assert result.detector("paper-multi-signal").published is None
     assert [d.window for d in result.detectors] == [1, 3, 3, 3]
+
+
+# --- the periodic-jobs extension -------------------------------------------------------------------
+
+
+def test_periodic_jobs_do_not_move_the_published_table(default: BenchResult) -> None:
+    from ghostgpu.sim.periodic import PeriodicModel
+
+    without = run_bench(BenchConfig(periodic=PeriodicModel(share=0.0)))
+    assert without.extended is None
+    assert without.detectors == default.detectors and without.beyond == default.beyond
+
+
+def test_the_extended_fleet_has_no_false_reclaim_for_ghostgpu_and_breaks_the_old_holder_rule(
+    default: BenchResult,
+) -> None:
+    ext = default.extended
+    assert ext is not None and ext.periodic_jobs == 2000 and 0 < ext.asleep < ext.periodic_jobs
+    rows = {r.key: r for r in ext.rows}
+    assert rows["ghostgpu"].confusion.fp == 0 and rows["ghostgpu"].periodic_false_reclaims == 0
+    assert rows["ghostgpu"].confusion.recall == default.detector("ghostgpu").confusion.recall
+    # Utilization alone reclaims every job asleep between runs; the previous holder rule most of them.
+    assert rows["window-util"].periodic_false_reclaims == ext.asleep
+    assert 0 < rows["ghostgpu-no-timers"].periodic_false_reclaims < ext.asleep
+    assert rows["paper-multi-signal"].periodic_false_reclaims == 0
+    # the extended confusion is the published one plus the periodic jobs (all negatives)
+    published = default.detector("window-util").confusion
+    assert rows["window-util"].confusion.tn + rows["window-util"].confusion.fp == (
+        published.tn + published.fp + ext.periodic_jobs
+    )

@@ -1,4 +1,4 @@
-"""The scale optimisations (docs/scale.md, issue 7) change cost, never results: slim cache entries
+"""The scale optimisations (docs/scale.md) change cost, never results: slim cache entries
 keep every field the controller reads, and the fast Evidence path builds exactly what validation
 builds (anything not already valid still goes through validation and fails as before)."""
 

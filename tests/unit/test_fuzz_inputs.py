@@ -1,4 +1,4 @@
-"""Bad input, fuzzed (issue 7 §3): ghostgpu.yaml mutated and random, and hostile workload
+"""Bad input, fuzzed: ghostgpu.yaml mutated and random, and hostile workload
 annotations. Properties: every input ends in a value or in the module's own error type with a
 readable message (never another exception), and nothing runs inside a container but the fixed
 argv — asserted on the argv the probes hand to the exec layer, including through the reconciler.
