@@ -89,12 +89,21 @@ def test_exec_through_the_apiserver_prints_the_scripted_process_table(
     running_pod(devcluster, namespace, gpu_pod("worker"))
     with pytest.raises(RuntimeError, match=r"no exec found"):
         process_tables.probe(namespace, "worker")  # nothing scripted: the probe must fail
-    rows = [ProcessRow(pid=1, stat="Ss", comm="python"), ProcessRow(pid=42, stat="Z", comm="dataloader")]
+    rows = [
+        ProcessRow(pid=1, stat="Ss", args="python serve.py", etimes=90),
+        ProcessRow(pid=42, stat="Z", args="[dataloader] <defunct>", etimes=5),
+    ]
     process_tables.set(namespace, "worker", rows)
     out = process_tables.probe(namespace, "worker")
-    assert out.splitlines() == ["    PID STAT COMMAND", "      1 Ss   python", "     42 Z    dataloader"]
-    process_tables.set(namespace, "worker", [ProcessRow(pid=1, stat="S", comm="sleep")])
-    assert process_tables.probe(namespace, "worker").splitlines()[1:] == ["      1 S    sleep"]
+    assert out.splitlines() == [
+        "    PID    PPID STAT ELAPSED COMMAND",
+        "      1       0 Ss        90 python serve.py",
+        "     42       1 Z          5 [dataloader] <defunct>",
+    ]
+    process_tables.set(namespace, "worker", [ProcessRow(pid=1, stat="S", args="sleep infinity")])
+    assert process_tables.probe(namespace, "worker").splitlines()[1:] == [
+        "      1       0 S        600 sleep infinity"
+    ]
     process_tables.set(namespace, "worker", "boom\n", exit_code=3)
     with pytest.raises(RuntimeError, match=r"\(exit 3\): boom"):
         process_tables.probe(namespace, "worker")

@@ -20,6 +20,7 @@ from ghostgpu.devcluster.fake_dcgm import FakeDcgmClient, GpuSample, Store, make
 from ghostgpu.devcluster.kwok_exec import PS_SHIM, ProcessRow, install_shims, render_table
 from ghostgpu.devcluster.nodes import GpuNodeSpec, Taint, node_manifest
 from ghostgpu.devcluster.paths import read_versions
+from ghostgpu.signals.processes import parse_ps
 
 WEBHOOKS = """
 apiVersion: admissionregistration.k8s.io/v1
@@ -146,13 +147,18 @@ def test_wait_for_reports_the_log_tail_when_the_process_dies(tmp_path: Path) -> 
 
 def test_process_table_renders_like_ps_and_rejects_bad_rows() -> None:
     text = render_table(
-        [ProcessRow(pid=7, stat="R+", comm="train.py"), ProcessRow(pid=8, stat="Z", comm="x")]
+        [ProcessRow(pid=7, stat="R+", args="python train.py", ppid=0), ProcessRow(pid=8, stat="Z", args="x")]
     )
-    assert text == "    PID STAT COMMAND\n      7 R+   train.py\n      8 Z    x\n"
+    assert text == (
+        "    PID    PPID STAT ELAPSED COMMAND\n"
+        "      7       0 R+       600 python train.py\n"
+        "      8       1 Z        600 x\n"
+    )
+    assert [p.command for p in parse_ps(text)] == ["python train.py", "x"]
     with pytest.raises(ValidationError):
-        ProcessRow(pid=0, stat="S", comm="x")
+        ProcessRow(pid=0, stat="S", args="x")
     with pytest.raises(ValidationError):
-        ProcessRow(pid=1, stat="S S", comm="x")
+        ProcessRow(pid=1, stat="S S", args="x")
 
 
 def test_ps_shim_prints_the_table_fails_without_one_and_honours_exit_code(tmp_path: Path) -> None:

@@ -28,6 +28,7 @@ import httpx
 import pytest
 import yaml
 from kubernetes import client
+from proctables import FINISHED, GAP, LIVE, NOTEBOOK, PERIODIC, ZOMBIE, rows
 
 from ghostgpu.devcluster import DevCluster, FakeDcgmClient, ProcessTables
 from ghostgpu.devcluster.kwok_exec import ProcessRow
@@ -183,17 +184,6 @@ def opt_in(cluster: DevCluster, ns: str) -> None:
     cluster.kube.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns, "labels": labels}})
 
 
-def rows(*procs: tuple[int, str, str]) -> list[ProcessRow]:
-    return [ProcessRow(pid=p, stat=s, comm=c) for p, s, c in procs]
-
-
-LIVE = rows((1, "Ss", "sh"), (12, "Rl", "python"), (40, "Sl", "pt_data_worker"))
-GAP = rows((1, "Ss", "sh"), (12, "Sl", "python"), (40, "D", "pt_data_worker"))  # checkpoint write
-FINISHED = rows((1, "Ss", "sh"), (77, "S", "sleep"))  # `train.py; sleep infinity` after training
-ZOMBIE = rows((1, "Ss", "sh"), (12, "Z", "python"))  # the trainer died, its parent never reaped it
-NOTEBOOK = rows((1, "Ss", "tini"), (8, "Sl", "jupyter-lab"), (31, "Sl", "python"))
-
-
 # Reclaimable verdicts, and what enforce mode reclaims (the PDB keeps guarded-pod).
 RECLAIMABLE = {"finished-a", "finished-b", "zombie", "finished-pod", "guarded-pod"}
 RECLAIMED = RECLAIMABLE - {"guarded-pod"}
@@ -219,7 +209,13 @@ class Scenario:
         "no-series": (None, FINISHED, "UNKNOWN"),
         "finished-pod": (0.0, FINISHED, "FINISHED_IDLE"),  # evicted in enforce mode
         "guarded-pod": (0.0, FINISHED, "FINISHED_IDLE"),  # a PodDisruptionBudget forbids its eviction
+        # A periodic job between runs: its shell waits on `sleep 3600`, a timer, never a holder.
+        "periodic-job": (0.0, PERIODIC, "IDLE_HELD"),
+        # Finished by its process table, but 4000 MiB of GPU memory is held: a context the listing
+        # cannot see (another container, a hidden pid namespace) is a contradiction.
+        "memory-ghost": (0.0, FINISHED, "UNKNOWN"),
     }
+    MEMORY_MIB: ClassVar[dict[str, float]] = {"memory-ghost": 4000.0}
 
     def __init__(self, cluster: DevCluster, ns: str, tables: ProcessTables, dcgm: FakeDcgmClient) -> None:
         self.cluster, self.ns, self.tables, self.dcgm = cluster, ns, tables, dcgm
@@ -250,7 +246,7 @@ class Scenario:
         for name, (util, table, _) in self.FLEET.items():
             self.tables.set(self.ns, self.pods[name], table)
             if util is not None:
-                self.dcgm.set(self.ns, self.pods[name], util=util)
+                self.dcgm.set(self.ns, self.pods[name], util=util, fb_used_mib=self.MEMORY_MIB.get(name))
 
     def running_pod(self, name: str) -> str | None:
         pods = self.core.list_namespaced_pod(self.ns, label_selector=f"app={name}").items
@@ -353,7 +349,10 @@ def test_shadow_then_enforce_then_restore(
         assert gap_evidence["util"] == [0.0] * WINDOW and gap_evidence["procs"]["live"] >= 2
         assert "idle-below-hold" in gap_evidence["reasons"]
         zombie_evidence = json.loads(sc.annotations("zombie")["ghostgpu.io/evidence"])
-        assert zombie_evidence["procs"] == {"live": 0, "defunct": 1}
+        assert zombie_evidence["procs"] == {"live": 0, "defunct": 1, "holders": 1}  # the idle shell
+        ghost = json.loads(sc.annotations("memory-ghost")["ghostgpu.io/evidence"])
+        assert "memory-without-process" in ghost["reasons"] and ghost["gpu_mem_mib"] == 4000
+        assert "timer" in sc.annotations("periodic-job")["ghostgpu.io/evidence"]
         assert "utilization-failed" in sc.annotations("no-series")["ghostgpu.io/evidence"]
         # Nothing touched: every Deployment still has its replica.
         assert {n: sc.replicas(n) for n in sc.FLEET} == dict.fromkeys(sc.FLEET, 1)

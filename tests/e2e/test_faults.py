@@ -39,6 +39,7 @@ from typing import Any
 import pytest
 import yaml
 from kubernetes import client
+from proctables import FINISHED, GAP, LIVE, NOTEBOOK, ZOMBIE
 
 from ghostgpu.config import ControllerConfig
 from ghostgpu.controller.app import Informers
@@ -74,17 +75,6 @@ MIN_FAULTS = 1000
 EXEC_TIMEOUT = 0.5
 PROM_TIMEOUT = 0.5
 REPO = Path(__file__).resolve().parents[2]
-
-
-def _rows(*procs: tuple[int, str, str]) -> list[ProcessRow]:
-    return [ProcessRow(pid=p, stat=s, comm=c) for p, s, c in procs]
-
-
-LIVE = _rows((1, "Ss", "sh"), (12, "Rl", "python"), (40, "Sl", "pt_data_worker"))
-GAP = _rows((1, "Ss", "sh"), (12, "Sl", "python"), (40, "D", "pt_data_worker"))
-NOTEBOOK = _rows((1, "Ss", "tini"), (8, "Sl", "jupyter-lab"), (31, "Sl", "python"))
-FINISHED = _rows((1, "Ss", "sh"), (77, "S", "sleep"))
-ZOMBIE = _rows((1, "Ss", "sh"), (12, "Z", "python"))
 
 
 @dataclass(frozen=True)

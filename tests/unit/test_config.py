@@ -131,6 +131,34 @@ def test_model_is_immutable() -> None:
         cfg.controller.window = 3  # type: ignore[misc]
 
 
+def test_process_and_memory_policy_come_from_the_controller_section() -> None:
+    from ghostgpu.config import ConfigError
+    from ghostgpu.controller.evidence import policy_from_config
+    from ghostgpu.verdict import ProcessInfo, ProcessRole, classify
+
+    cfg = ControllerConfig.model_validate(
+        {
+            "processes": {"timers": ["my-scheduler"], "foreverSleep": "24h"},
+            "gpuMemory": {"freeAtMost": "128Mi", "heldFrom": "1Gi"},
+        }
+    )
+    policy = policy_from_config(cfg)
+    assert policy.memory_free_bytes == 128 << 20 and policy.memory_held_bytes == 1 << 30
+    sleeping = ProcessInfo(pid=1, state="S", command="my-scheduler --every 1h")
+    assert classify(sleeping, policy.processes) is ProcessRole.TIMER
+    assert classify(ProcessInfo(pid=3, state="S", command="sleep 1d"), policy.processes) is ProcessRole.HOLDER
+    assert classify(ProcessInfo(pid=3, state="S", command="sleep 23h"), policy.processes) is ProcessRole.TIMER
+    # a list given replaces the built-in one: cron is no timer any more in this config
+    assert classify(ProcessInfo(pid=1, state="S", command="cron -f"), policy.processes) is ProcessRole.WORK
+    with pytest.raises(ValidationError, match="not a program name"):
+        ControllerConfig.model_validate({"processes": {"holders": ["/usr/bin/pause"]}})
+    with pytest.raises(ValidationError, match="heldFrom"):
+        ControllerConfig.model_validate({"gpuMemory": {"freeAtMost": "1Gi", "heldFrom": "500Mi"}})
+    bad = MINIMAL + "controller:\n  processes:\n    wrappers: [sh, sh]\n"
+    with pytest.raises(ConfigError, match=r"controller\.processes\.wrappers: .*listed twice"):
+        load_config_text(bad, "my-cluster.yaml")
+
+
 def test_windows_must_be_ordered() -> None:
     with pytest.raises(ValidationError, match="longWindow"):
         ControllerConfig(window=10, long_window=5)
