@@ -105,7 +105,7 @@ class ActionClassSpec(_Model):
 
 
 def default_action_classes() -> dict[str, ActionClassSpec]:
-    """The documented default table (README "Risk-gated autonomy")."""
+    """The documented default table (docs/autonomy.md)."""
     s = ActionClassSpec
     return {
         ActionClass.ANNOTATE: s(
@@ -238,7 +238,7 @@ class AutonomyConfig(_Model):
 
     tau: global threshold, used for every type without its own entry. The default 0.25 is the
     global tau that `ghostgpu calibrate` yields on the built-in incident set with the default
-    weights and a 2 % ceiling (README; the publication's own set gave 0.325).
+    weights and a 2 % ceiling (docs/autonomy.md; the publication's own set gave 0.325).
     tau_by_type: per verdict kind (FINISHED_IDLE, ZOMBIE_CRASHED, ...) or incident type
     (node_pressure, ...); keys are normalised (`normalise_type`).
     autonomous_verdicts: verdict kinds for which a non-observational action may run alone at all;

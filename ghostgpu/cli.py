@@ -72,7 +72,7 @@ _FAULT_RATE = typer.Option(
     0.0, "--fault-rate", min=0.0, max=1.0, help="Inject failed readings at this rate; report false reclaims."
 )
 _JSON = typer.Option(False, "--json", help="Print the full result as JSON.")
-_MARKDOWN = typer.Option(False, "--markdown", help="Print Markdown tables (the README's).")
+_MARKDOWN = typer.Option(False, "--markdown", help="Print Markdown tables (docs/bench.md's).")
 _PLOT = typer.Option(None, "--plot", help="Write the FPR-vs-window plot to this PNG.")
 
 

@@ -1,4 +1,4 @@
-"""Human renderings of a `BenchResult`: rich tables for the terminal, Markdown for the README."""
+"""Human renderings of a `BenchResult`: rich tables for the terminal, Markdown for docs/bench.md."""
 
 from __future__ import annotations
 

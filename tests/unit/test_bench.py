@@ -16,7 +16,7 @@ from ghostgpu.cli import app
 from ghostgpu.sim.runner import BenchConfig, BenchResult, run_bench
 from ghostgpu.sim.tables import markdown
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+BENCH_DOC = Path(__file__).resolve().parents[2] / "docs" / "bench.md"
 BEGIN, END = "<!-- bench:begin -->", "<!-- bench:end -->"
 
 
@@ -179,9 +179,9 @@ def test_cli_rejects_json_with_markdown() -> None:
 
 
 def test_readme_table_is_the_command_output(faulty: BenchResult) -> None:
-    """The README's table is produced by `ghostgpu bench --fault-rate 0.05 --markdown`, never by hand."""
-    text = README.read_text(encoding="utf-8")
-    assert BEGIN in text and END in text, "README bench section markers missing"
+    """docs/bench.md's table is produced by `ghostgpu bench --fault-rate 0.05 --markdown`, never by hand."""
+    text = BENCH_DOC.read_text(encoding="utf-8")
+    assert BEGIN in text and END in text, "docs/bench.md bench section markers missing"
     block = text.split(BEGIN, 1)[1].split(END, 1)[0]
     assert block.strip() == markdown(faulty).strip()
 
