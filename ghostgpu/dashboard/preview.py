@@ -4,6 +4,7 @@ dashboard. The query results can be saved as JSON and drawn again later without 
 
 from __future__ import annotations
 
+import math
 import re
 from pathlib import Path
 from typing import Any
@@ -84,7 +85,8 @@ def fetch(prometheus_url: str, start: float, end: float, step: float, timeout: f
                     Series(
                         name=legend(q.legend, s["metric"]) or q.expr,
                         labels=s["metric"],
-                        points=[(float(t), float(v)) for t, v in s["values"]],
+                        # NaN (histogram_quantile over no polls) and ±Inf are gaps, as in Grafana.
+                        points=[(float(t), float(v)) for t, v in s["values"] if math.isfinite(float(v))],
                     )
                     for s in _range_query(client, q.expr, start, end, step)
                 ]
@@ -126,8 +128,9 @@ def draw(preview: Preview, path: Path, title: str = "ghostgpu controller dashboa
             _draw_panel(ax, panel)
             ax.set_xlim(t0, t1)
             ax.xaxis.set_major_formatter(mdates.DateFormatter("%H:%M:%S"))
-    minutes = (preview.end - preview.start) / 60
-    fig.suptitle(f"{title} ({minutes:.0f} min to {t1:%Y-%m-%d %H:%M:%S} UTC)", fontsize=13)
+    span = preview.end - preview.start
+    length = f"{span / 60:.0f} min" if span >= 120 else f"{span:.0f} s"
+    fig.suptitle(f"{title} ({length} to {t1:%Y-%m-%d %H:%M:%S} UTC, step {preview.step:g} s)", fontsize=13)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=100, metadata={"Software": None})
     plt.close(fig)
@@ -140,27 +143,36 @@ def _utc(ts: float) -> Any:
     return datetime.fromtimestamp(ts, UTC)
 
 
+_STYLES = (("-", 3.2), ("--", 2.2), (":", 2.2), ("-.", 1.5))
+
+
 def _draw_panel(ax: Any, panel: PanelResult) -> None:
     notes: list[str] = []
-    drawn = 0
+    drawn, top = 0, 0.0
     if panel.stacked:
         series = [s for q in panel.queries for s in q.series]
         times = sorted({t for s in series for t, _ in s.points})
         if series:
             values = [[dict(s.points).get(t, 0.0) for t in times] for s in series]
             ax.stackplot([_utc(t) for t in times], values, labels=[s.name for s in series], alpha=0.75)
-            drawn = len(series)
+            drawn, top = len(series), max(sum(col) for col in zip(*values, strict=True))
     else:
-        for q in panel.queries:
+        # One line style and width per query, later queries thinner and on top, so that series of
+        # different queries with equal values (2 reclaims, 2 escalations) both show where they overlap.
+        for i, q in enumerate(panel.queries):
+            ls, lw = _STYLES[i % len(_STYLES)]
             for s in q.series:
-                ax.plot([_utc(t) for t, _ in s.points], [v for _, v in s.points], lw=1.8, label=s.name)
-                drawn += 1
+                xs, ys = [_utc(t) for t, _ in s.points], [v for _, v in s.points]
+                ax.plot(xs, ys, lw=lw, ls=ls, drawstyle="steps-post", label=s.name)
+                drawn, top = drawn + 1, max([top, *ys])
     for q in panel.queries:
         if not q.series:
             notes.append(f"{q.legend}: {q.empty_ok}" if q.empty_ok else f"NO DATA: {q.legend}")
     ax.set_title(panel.title, fontsize=11, loc="left")
     ax.set_ylabel(panel.axis_label)
-    ax.set_ylim(bottom=0)
+    # Headroom above the data for the legend in the upper left corner (more rows, more room).
+    rows = (drawn + 1) // 2 if drawn > 4 else drawn
+    ax.set_ylim(0, max(1.0, top) * (1.15 + 0.1 * rows))
     ax.grid(alpha=0.3)
     if drawn:
         ax.legend(fontsize=8, loc="upper left", ncol=2 if drawn > 4 else 1, framealpha=0.85)
