@@ -110,6 +110,8 @@ class DevCluster:
         if "prometheus" not in self.state.addons:
             raise RuntimeError("this devcluster runs without Prometheus")
         targets = self.state_dir / SCRAPE_TARGETS_DIR
+        if not targets.is_dir():
+            raise RuntimeError(f"{targets}: missing; this devcluster predates scrape targets, restart it")
         tmp = targets / f".{name}.json.tmp"  # written aside, then renamed: never a half file
         tmp.write_text(json.dumps([{"targets": [f"127.0.0.1:{port}"], "labels": {"target": name}}]))
         tmp.rename(targets / f"{name}.json")
