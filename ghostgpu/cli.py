@@ -221,6 +221,53 @@ def calibrate(
         raise typer.Exit(code)
 
 
+# --- dashboard ---
+
+dashboard_app = typer.Typer(
+    help="The controller's Grafana dashboard (rendered into controller/).", no_args_is_help=True
+)
+app.add_typer(dashboard_app, name="dashboard")
+
+
+@dashboard_app.command("json")
+def dashboard_json() -> None:
+    """Print the Grafana dashboard JSON (the one in controller/grafana-dashboard.yaml)."""
+    import json
+
+    from ghostgpu.render import grafana_dashboard
+
+    typer.echo(json.dumps(grafana_dashboard(), indent=2, ensure_ascii=False))
+
+
+_DP_PROM = typer.Option(None, "--prometheus", help="Prometheus base URL, e.g. http://127.0.0.1:9090.")
+_DP_OUT = typer.Option(..., "-o", "--out", help="PNG to write.")
+_DP_START = typer.Option(None, "--start", help="Range start, unix seconds [end - --minutes].")
+_DP_END = typer.Option(None, "--end", help="Range end, unix seconds [now].")
+_DP_MINUTES = typer.Option(15.0, "--minutes", min=0.1, help="Range length when --start is not given.")
+_DP_JSON = typer.Option(
+    None, "--json-out", help="Also save the query results here (redraw with --from-json)."
+)
+_DP_FROM = typer.Option(None, "--from-json", help="Draw saved query results instead of querying Prometheus.")
+
+
+@dashboard_app.command("preview")
+def dashboard_preview(
+    prometheus: str | None = _DP_PROM,
+    out: Path = _DP_OUT,
+    start: float | None = _DP_START,
+    end: float | None = _DP_END,
+    minutes: float = _DP_MINUTES,
+    json_out: Path | None = _DP_JSON,
+    from_json: Path | None = _DP_FROM,
+) -> None:
+    """Run every panel's PromQL against a Prometheus and draw the dashboard into a PNG."""
+    from ghostgpu.dashboard.preview import run_preview_command
+
+    code = run_preview_command(prometheus, out, start, end, minutes, json_out, from_json, echo=typer.echo)
+    if code:
+        raise typer.Exit(code)
+
+
 # --- devcluster ---
 from ghostgpu.devcluster.cli import app as _devcluster_app  # noqa: E402 (typer + stdlib at import)
 

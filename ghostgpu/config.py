@@ -545,6 +545,17 @@ class GpuMemoryConfig(Model):
             raise ValueError(f"heldFrom ({self.held_from}) must be at least freeAtMost ({self.free_at_most})")
         return self
 
+class GrafanaDashboardConfig(Model):
+    """The Grafana dashboard ConfigMap in controller/ (ghostgpu/dashboard/panels.py lists its panels)."""
+
+    enabled: bool = True
+    labels: LabelMap = Field(
+        default_factory=lambda: {"grafana_dashboard": "1"},
+        min_length=1,
+        description="the label your Grafana sidecar selects dashboards by (kube-prometheus-stack: "
+        "grafana_dashboard: '1')",
+    )
+
 
 class ControllerConfig(Model):
     """Everything `ghostgpu controller` needs; rendered into controller/configmap.yaml."""
@@ -573,6 +584,7 @@ class ControllerConfig(Model):
     actions: ActionsConfig = Field(default_factory=ActionsConfig)
     alerts: AlertsConfig = Field(default_factory=AlertsConfig)
     service_monitor: ServiceMonitorConfig = Field(default_factory=ServiceMonitorConfig)
+    grafana_dashboard: GrafanaDashboardConfig = Field(default_factory=GrafanaDashboardConfig)
     # The risk gate (ghostgpu.autonomy): thresholds from `ghostgpu calibrate`, weights, action table.
     autonomy: AutonomyConfig = Field(default_factory=AutonomyConfig)
     kueue_nudge: bool = Field(

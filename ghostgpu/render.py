@@ -350,6 +350,76 @@ def _idle_alert_expr(cfg: c.GhostgpuConfig) -> str:
     )
 
 
+GRAFANA_DASHBOARD_UID = "ghostgpu-controller"
+GRAFANA_DASHBOARD_KEY = "ghostgpu-controller.json"
+_DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
+
+
+def grafana_dashboard() -> dict[str, Any]:
+    """The Grafana dashboard model of ghostgpu.dashboard.panels.PANELS: a time series panel per
+    entry, two per row (full_width: a whole row), the Prometheus data source as a variable."""
+    from ghostgpu.dashboard.panels import PANELS
+
+    panels: list[dict[str, Any]] = []
+    x = y = 0
+    for n, p in enumerate(PANELS, 1):
+        w = 24 if p.full_width else 12
+        if x + w > 24:
+            x, y = 0, y + 8
+        custom: dict[str, Any] = {"fillOpacity": 25 if p.stacked else 0, "lineWidth": 2}
+        if p.stacked:
+            custom["stacking"] = {"mode": "normal", "group": "A"}
+        panels.append(
+            {
+                "id": n,
+                "type": "timeseries",
+                "title": p.title,
+                "description": p.description,
+                "datasource": _DATASOURCE,
+                "gridPos": {"h": 8, "w": w, "x": x, "y": y},
+                "fieldConfig": {"defaults": {"unit": p.unit, "min": 0, "custom": custom}, "overrides": []},
+                "options": {
+                    "legend": {"displayMode": "list", "placement": "bottom", "showLegend": True},
+                    "tooltip": {"mode": "multi", "sort": "desc"},
+                },
+                "targets": [
+                    {
+                        "refId": chr(ord("A") + i),
+                        "datasource": _DATASOURCE,
+                        "expr": q.expr,
+                        "legendFormat": q.legend,
+                    }
+                    for i, q in enumerate(p.queries)
+                ],
+            }
+        )
+        x += w
+    return {
+        "uid": GRAFANA_DASHBOARD_UID,
+        "title": "ghostgpu controller",
+        "description": "Ghost GPU occupancy: the Kueue accounting gap, what the controller found and did.",
+        "tags": ["ghostgpu", "gpu", "kueue"],
+        "editable": True,
+        "schemaVersion": 39,
+        "version": 1,
+        "time": {"from": "now-6h", "to": "now"},
+        "refresh": "1m",
+        "templating": {
+            "list": [
+                {
+                    "name": "datasource",
+                    "label": "Prometheus",
+                    "type": "datasource",
+                    "query": "prometheus",
+                    "current": {},
+                    "hide": 0,
+                }
+            ]
+        },
+        "panels": panels,
+    }
+
+
 def _controller_context(cfg: c.GhostgpuConfig) -> dict[str, Any]:
     ctrl = cfg.controller
     m = ctrl.metrics.active
@@ -404,6 +474,9 @@ def _controller_context(cfg: c.GhostgpuConfig) -> dict[str, Any]:
         "service_monitor_labels": {**labels, **ctrl.service_monitor.labels},
         "rule_labels": {**labels, **a.rule_labels},
         "rule_groups": to_yaml([{"name": "ghostgpu.idle-gpu", "rules": [idle_rule, down_rule]}]),
+        "dashboard_labels": {**labels, **ctrl.grafana_dashboard.labels},
+        "dashboard_key": GRAFANA_DASHBOARD_KEY,
+        "dashboard_json": json.dumps(grafana_dashboard(), indent=2, ensure_ascii=False),
     }
 
 
@@ -431,6 +504,7 @@ _BUNDLE_FILES: dict[str, list[str]] = {
         "service.yaml",
         "servicemonitor.yaml",
         "prometheusrule.yaml",
+        "grafana-dashboard.yaml",
     ],
 }
 
@@ -447,6 +521,8 @@ def _wanted(bundle: str, filename: str, cfg: c.GhostgpuConfig) -> bool:
         }.get(filename, True)
     if bundle == "controller" and filename == "servicemonitor.yaml":
         return cfg.controller.service_monitor.enabled
+    if bundle == "controller" and filename == "grafana-dashboard.yaml":
+        return cfg.controller.grafana_dashboard.enabled
     return True
 
 

@@ -38,6 +38,7 @@ ALL_ADDONS = ("kueue", "kyverno", "prometheus")
 # The Kueue manager runs the Configuration the project renders (kueue/ bundle), when present.
 RENDERED_KUEUE_CONFIG = REPO_ROOT / "kueue" / "kueue-manager-config.yaml"
 KUEUE_METRICS_CERT_DIR = Path("/etc/kueue/metrics/certs")
+SCRAPE_TARGETS_DIR = "prometheus-targets"  # file_sd targets of the job components.CONTROLLER_SCRAPE_JOB
 
 
 def default_state_dir() -> Path:
@@ -103,6 +104,21 @@ class DevCluster:
     def dcgm(self) -> FakeDcgmClient:
         return FakeDcgmClient(self.state.dcgm_url)
 
+    def scrape(self, name: str, port: int) -> None:
+        """Let Prometheus scrape 127.0.0.1:port/metrics (job ghostgpu-controller, label target=name)
+        until unscrape(name). Prometheus picks the file up within about a second."""
+        if "prometheus" not in self.state.addons:
+            raise RuntimeError("this devcluster runs without Prometheus")
+        targets = self.state_dir / SCRAPE_TARGETS_DIR
+        if not targets.is_dir():
+            raise RuntimeError(f"{targets}: missing; this devcluster predates scrape targets, restart it")
+        tmp = targets / f".{name}.json.tmp"  # written aside, then renamed: never a half file
+        tmp.write_text(json.dumps([{"targets": [f"127.0.0.1:{port}"], "labels": {"target": name}}]))
+        tmp.rename(targets / f"{name}.json")
+
+    def unscrape(self, name: str) -> None:
+        (self.state_dir / SCRAPE_TARGETS_DIR / f"{name}.json").unlink(missing_ok=True)
+
     @classmethod
     def attach(cls, state_dir: Path | None = None) -> DevCluster | None:
         """The cluster recorded in state_dir if every one of its processes still runs."""
@@ -132,7 +148,7 @@ class DevCluster:
             raise ValueError(f"unknown addon(s) {sorted(unknown)}; expected some of {list(ALL_ADDONS)}")
         tools = Toolchain.locate()
         needed = ["etcd", "kube_apiserver", "kube_controller_manager", "kube_scheduler", "kwok"]
-        needed += ["monitoring_crd_dir"]
+        needed += ["monitoring_crd_dir", "argocd_crd_dir"]
         needed += ["kueue"] if "kueue" in addons else []
         needed += ["kyverno_admission", "kyverno_background"] if "kyverno" in addons else []
         needed += ["prometheus"] if "prometheus" in addons else []
@@ -386,6 +402,8 @@ class _Starter:
         crds = load_yaml_docs(sorted(self.tools.kwok_crd_dir.glob("*.yaml")))
         # ServiceMonitor and PrometheusRule, so the controller/ bundle applies as it would in prod.
         crds += load_yaml_docs(sorted(self.tools.monitoring_crd_dir.glob("*.yaml")))
+        # Application, ApplicationSet, AppProject: examples/argocd/ is dry-run against their schema.
+        crds += load_yaml_docs(sorted(self.tools.argocd_crd_dir.glob("*.yaml")))
         ca = self.pki.pem
         if "kueue" in self.addons:
             crds += components.kueue_crds(
@@ -549,7 +567,9 @@ class _Starter:
             "fake-dcgm-exporter", [sys.executable, "-m", "ghostgpu.devcluster.fake_dcgm", f"--port={dport}"]
         )
         cfg = self.dir / "prometheus.yml"
-        cfg.write_text(yaml.safe_dump(components.prometheus_config(dport), sort_keys=True))
+        targets = self.dir / SCRAPE_TARGETS_DIR
+        targets.mkdir()
+        cfg.write_text(yaml.safe_dump(components.prometheus_config(dport, targets), sort_keys=True))
         self._prom_rec = self._start(
             "prometheus",
             [

@@ -260,15 +260,31 @@ def kyverno_env(service_account: str) -> dict[str, str]:
     }
 
 
-def prometheus_config(dcgm_port: int, scrape_interval: str = "1s") -> dict[str, Any]:
+CONTROLLER_SCRAPE_JOB = "ghostgpu-controller"  # the job name the controller/ ServiceMonitor gives
+
+
+def prometheus_config(
+    dcgm_port: int, targets_dir: Path | None = None, scrape_interval: str = "1s"
+) -> dict[str, Any]:
+    """Scrape the fake dcgm-exporter; with targets_dir, also every controller whose port a test
+    registers there at runtime (file_sd: a JSON file per target, picked up without a reload)."""
+    jobs: list[dict[str, Any]] = [
+        {
+            "job_name": "dcgm-exporter",
+            "scrape_interval": scrape_interval,
+            "honor_labels": True,  # keep the exporter's namespace/pod/container labels as they are
+            "static_configs": [{"targets": [f"127.0.0.1:{dcgm_port}"]}],
+        }
+    ]
+    if targets_dir is not None:
+        jobs.append(
+            {
+                "job_name": CONTROLLER_SCRAPE_JOB,
+                "scrape_interval": scrape_interval,
+                "file_sd_configs": [{"files": [str(targets_dir / "*.json")], "refresh_interval": "1s"}],
+            }
+        )
     return {
         "global": {"scrape_interval": scrape_interval, "evaluation_interval": scrape_interval},
-        "scrape_configs": [
-            {
-                "job_name": "dcgm-exporter",
-                "scrape_interval": scrape_interval,
-                "honor_labels": True,  # keep the exporter's namespace/pod/container labels as they are
-                "static_configs": [{"targets": [f"127.0.0.1:{dcgm_port}"]}],
-            }
-        ],
+        "scrape_configs": jobs,
     }

@@ -56,8 +56,9 @@ class Kube:
             self.refresh_discovery()
             return self.dyn.resources.get(api_version=api_version, kind=kind)
 
-    def apply(self, doc: dict[str, Any], field_manager: str = FIELD_MANAGER) -> Any:
-        """Server-side apply one object (force: the devcluster owns what it applies)."""
+    def apply(self, doc: dict[str, Any], field_manager: str = FIELD_MANAGER, dry_run: bool = False) -> Any:
+        """Server-side apply one object (force: the devcluster owns what it applies). With dry_run
+        the apiserver validates, defaults and admits it as usual but stores nothing."""
         res = self.resource(doc["apiVersion"], doc["kind"])
         return self.dyn.server_side_apply(
             res,
@@ -65,6 +66,7 @@ class Kube:
             namespace=doc.get("metadata", {}).get("namespace"),
             field_manager=field_manager,
             force_conflicts=True,
+            dry_run="All" if dry_run else None,
         )
 
     def apply_all(self, docs: Iterable[dict[str, Any]], field_manager: str = FIELD_MANAGER) -> None:

@@ -53,6 +53,7 @@ class Toolchain:
     kyverno_crd_dir: Path
     prometheus: Path
     monitoring_crd_dir: Path
+    argocd_crd_dir: Path
     versions: dict[str, str]
 
     @classmethod
@@ -80,6 +81,7 @@ class Toolchain:
             kyverno_crd_dir=kyv / "crds",
             prometheus=r / "prometheus-apt" / "bin" / "prometheus",
             monitoring_crd_dir=r / f"monitoring-crds-{v['PROMETHEUS_OPERATOR_VERSION']}" / "crds",
+            argocd_crd_dir=r / f"argocd-{v['ARGOCD_VERSION']}" / "crds",
             versions=v,
         )
 

@@ -1,0 +1,171 @@
+"""The Grafana dashboard in controller/: a ConfigMap with the sidecar's label holding valid,
+deterministic dashboard JSON whose queries are exactly those of ghostgpu.dashboard.panels; and
+the PNG preview drawn from (saved) query results. The queries themselves run against a real
+Prometheus scraping a real controller in tests/e2e/test_dashboard.py."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from ghostgpu.cli import app
+from ghostgpu.config import load_config_text, load_default_config
+from ghostgpu.controller.metrics import ControllerMetrics
+from ghostgpu.dashboard.panels import PANELS, REVERTS_METRIC, all_queries
+from ghostgpu.dashboard.preview import PanelResult, Preview, QueryResult, Series, draw, legend
+from ghostgpu.render import GRAFANA_DASHBOARD_KEY, render_bundles
+
+FILE = "controller/grafana-dashboard.yaml"
+THREE_RESOURCES_HEAD = """\
+flavors:
+  - {name: h100, resource: nvidia.com/gpu, nodeLabels: {gpu: h100}}
+teams:
+  - {name: research, quota: {h100: 8}}
+"""
+
+
+def _dashboard(files: dict[str, str]) -> tuple[dict, dict]:
+    [cm] = [d for d in yaml.safe_load_all(files[FILE]) if d]
+    return cm, json.loads(cm["data"][GRAFANA_DASHBOARD_KEY])
+
+
+def test_configmap_carries_the_sidecar_label_and_valid_json() -> None:
+    files = render_bundles(load_default_config())
+    cm, dash = _dashboard(files)
+    assert cm["kind"] == "ConfigMap" and cm["metadata"]["namespace"] == "ghostgpu-system"
+    assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert "grafana-dashboard.yaml" in yaml.safe_load(files["controller/kustomization.yaml"])["resources"]
+    assert dash["uid"] == "ghostgpu-controller"
+    assert [v["type"] for v in dash["templating"]["list"]] == ["datasource"]
+    assert [p["title"] for p in dash["panels"]] == [p.title for p in PANELS]
+
+
+def test_every_panel_query_is_in_the_dashboard_once() -> None:
+    _, dash = _dashboard(render_bundles(load_default_config()))
+    targets = [(p["title"], t["expr"], t["legendFormat"]) for p in dash["panels"] for t in p["targets"]]
+    assert targets == [(p.title, q.expr, q.legend) for p, q in all_queries()]
+    for panel, spec in zip(dash["panels"], PANELS, strict=True):
+        assert panel["fieldConfig"]["defaults"]["unit"] == spec.unit
+        assert [t["refId"] for t in panel["targets"]] == [chr(ord("A") + i) for i in range(len(spec.queries))]
+        assert panel["datasource"] == {"type": "prometheus", "uid": "${datasource}"}
+    # Grafana's grid: 24 columns, no two panels overlapping.
+    cells = set()
+    for p in dash["panels"]:
+        g = p["gridPos"]
+        assert g["x"] + g["w"] <= 24
+        for x in range(g["x"], g["x"] + g["w"]):
+            for y in range(g["y"], g["y"] + g["h"]):
+                assert (x, y) not in cells, p["title"]
+                cells.add((x, y))
+
+
+def test_queries_use_the_controllers_metric_names() -> None:
+    exported = {m.name for m in ControllerMetrics().registry.collect()}
+    for _, q in all_queries():
+        names = set(re.findall(r"\b(ghostgpu_[a-z_]+)", q.expr))
+        assert names, q.expr
+        for name in names - {REVERTS_METRIC}:
+            # prometheus_client names counters without _total and histograms without _bucket
+            assert re.sub(r"_(total|bucket)$", "", name) in exported, name
+    # Exactly one query may come back empty, and it says why.
+    [(_, reverts)] = [(p, q) for p, q in all_queries() if q.empty_ok]
+    assert REVERTS_METRIC in reverts.expr and REVERTS_METRIC in (reverts.empty_ok or "")
+
+
+def test_rendering_is_deterministic() -> None:
+    a = render_bundles(load_default_config())[FILE]
+    b = render_bundles(load_default_config())[FILE]
+    assert a == b
+    assert "timestamp" not in a.lower()
+
+
+def test_label_is_configurable_and_the_dashboard_can_be_turned_off() -> None:
+    text = THREE_RESOURCES_HEAD + "controller:\n  grafanaDashboard: {labels: {my-dashboards: 'yes'}}\n"
+    cm, _ = _dashboard(render_bundles(load_config_text(text)))
+    assert cm["metadata"]["labels"]["my-dashboards"] == "yes"
+    assert "grafana_dashboard" not in cm["metadata"]["labels"]
+    off = render_bundles(
+        load_config_text(THREE_RESOURCES_HEAD + "controller:\n  grafanaDashboard: {enabled: false}\n")
+    )
+    assert FILE not in off
+    assert "grafana-dashboard.yaml" not in off["controller/kustomization.yaml"]
+
+
+def test_an_empty_label_map_is_refused() -> None:
+    from ghostgpu.config_errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"grafanaDashboard\.labels"):
+        load_config_text(THREE_RESOURCES_HEAD + "controller:\n  grafanaDashboard: {labels: {}}\n")
+
+
+def test_cli_json_is_the_rendered_dashboard() -> None:
+    res = CliRunner().invoke(app, ["dashboard", "json"])
+    assert res.exit_code == 0, res.output
+    _, dash = _dashboard(render_bundles(load_default_config()))
+    assert json.loads(res.output) == dash
+
+
+# --- the PNG preview ----------------------------------------------------------------------------
+
+
+def test_legend_format() -> None:
+    assert legend("{{flavor}} gap", {"flavor": "h100"}) == "h100 gap"
+    assert legend("{{ source }}: {{reason}}", {"source": "utilization", "reason": "missing"}) == (
+        "utilization: missing"
+    )
+    assert legend("reclaimed {{verdict}}", {}) == "reclaimed"
+
+
+def _synthetic() -> Preview:
+    t = [1_700_000_000.0 + 5 * i for i in range(60)]
+    panels = []
+    for p in PANELS:
+        queries = [
+            QueryResult(
+                expr=q.expr,
+                legend=q.legend,
+                empty_ok=q.empty_ok,
+                series=[]
+                if q.empty_ok
+                else [Series(name=q.legend, labels={}, points=[(x, float(i % 7)) for i, x in enumerate(t)])],
+            )
+            for q in p.queries
+        ]
+        panels.append(
+            PanelResult(
+                title=p.title,
+                axis_label=p.axis_label,
+                stacked=p.stacked,
+                full_width=p.full_width,
+                queries=queries,
+            )
+        )
+    return Preview(start=t[0], end=t[-1], step=5, panels=panels)
+
+
+def test_preview_draws_every_panel(tmp_path: Path) -> None:
+    out = draw(_synthetic(), tmp_path / "d.png")
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert out.stat().st_size > 20_000
+
+
+def test_cli_redraws_saved_results_and_explains_bad_input(tmp_path: Path) -> None:
+    saved = tmp_path / "results.json"
+    saved.write_text(_synthetic().model_dump_json())
+    res = CliRunner().invoke(
+        app, ["dashboard", "preview", "--from-json", str(saved), "-o", str(tmp_path / "p.png")]
+    )
+    assert res.exit_code == 0, res.output
+    assert (tmp_path / "p.png").stat().st_size > 20_000
+    res = CliRunner().invoke(app, ["dashboard", "preview", "-o", str(tmp_path / "q.png")])
+    assert res.exit_code == 2 and "--prometheus" in res.output
+    res = CliRunner().invoke(
+        app, ["dashboard", "preview", "--prometheus", "http://127.0.0.1:9", "-o", str(tmp_path / "q.png")]
+    )
+    assert res.exit_code == 1 and "127.0.0.1:9" in res.output
+    assert not (tmp_path / "q.png").exists()
