@@ -27,6 +27,7 @@ RUN_HERE = {
     ("bench",),
     ("bench", "detectors"),
     ("calibrate",),
+    ("dashboard", "json"),
 }
 # Commands that need a cluster, a controller process or minutes of machine time, and the tests
 # that run them (an e2e test starts the devcluster, runs the controller, restores, benches scale).
@@ -39,6 +40,7 @@ RUN_ELSEWHERE = {
     ("devcluster", "status"): "tests/e2e/test_cluster_lifecycle.py",
     ("devcluster", "down"): "tests/e2e/test_cluster_lifecycle.py",
     ("bench", "scale"): "tests/e2e/test_scale_smoke.py",
+    ("dashboard", "preview"): "tests/e2e/test_dashboard.py (live, then --from-json in tests/unit/test_dashboard.py)",
 }
 
 
