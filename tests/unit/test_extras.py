@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import pytest
 import typer
@@ -41,3 +42,20 @@ def test_devcluster_without_kubernetes_client(monkeypatch: pytest.MonkeyPatch) -
     result = CliRunner().invoke(app, ["devcluster", "status"])
     assert result.exit_code == 1
     assert "pip install 'ghostgpu[devcluster]'" in result.output
+
+
+def test_bench_scale_without_kubernetes_client(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "kubernetes", None)
+    result = CliRunner().invoke(app, ["bench", "scale", "--sizes", "10"])
+    assert result.exit_code == 1
+    assert "ghostgpu bench scale needs the 'kubernetes' package" in result.output
+
+
+def test_bench_plot_without_matplotlib(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    out = tmp_path / "window.png"
+    result = CliRunner().invoke(app, ["bench", "--seeds", "1", "--instances", "20", "--plot", str(out)])
+    assert result.exit_code == 1
+    assert "--plot needs the 'matplotlib' package" in result.output
+    assert "pip install 'ghostgpu[plot]'" in result.output
+    assert not out.exists()
