@@ -153,6 +153,9 @@ def bench_scale(
     plot: Path | None = _SC_PLOT,
 ) -> None:
     """Scale bench: per-poll cost of the controller vs a naive cron script at each N."""
+    from ghostgpu.extras import require
+
+    require("kubernetes", "devcluster", "ghostgpu bench scale")  # it runs the local test cluster
     from ghostgpu.scale.command import run_scale_command
 
     code = run_scale_command(

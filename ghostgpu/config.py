@@ -34,6 +34,7 @@ from pydantic.alias_generators import to_camel
 
 from ghostgpu.autonomy import AutonomyConfig
 from ghostgpu.config_errors import ConfigError, ConfigIssue, format_path, issues_from_validation, parse_yaml
+from ghostgpu.image_ref import validate_image_ref
 from ghostgpu.quantity import Duration, Quantity
 from ghostgpu.verdict import ProcessPolicy
 
@@ -90,6 +91,8 @@ def _label_map(value: dict[str, str]) -> dict[str, str]:
 Name = Annotated[str, AfterValidator(_dns_label)]
 ResourceName = Annotated[str, AfterValidator(_extended_resource)]
 LabelMap = Annotated[dict[str, str], AfterValidator(_label_map)]
+# REPO:TAG, REPO@sha256:<hex> or REPO:TAG@sha256:<hex>; the Deployment uses it as given.
+ImageReference = Annotated[str, AfterValidator(validate_image_ref)]
 
 
 class Model(BaseModel):
@@ -562,7 +565,7 @@ class ControllerConfig(Model):
 
     namespace: Name = "ghostgpu-system"
     service_account: Name = "ghostgpu-controller"
-    image: str = "ghcr.io/ghostgpu/ghostgpu:0.1.0"
+    image: ImageReference = "ghcr.io/ghostgpu/ghostgpu:0.1.0"
     replicas: int = Field(2, ge=1, le=10)
     port: int = Field(8080, ge=1024, le=65535, description="serves /metrics, /healthz, /readyz")
     lease_name: Name = "ghostgpu-controller"

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ghostgpu.autonomy import CalibrationResult, SweepPoint
+from ghostgpu.extras import require
 
 
 def _series(points: tuple[SweepPoint, ...]) -> tuple[list[float], list[float], list[float]]:
@@ -16,7 +17,7 @@ def _series(points: tuple[SweepPoint, ...]) -> tuple[list[float], list[float], l
 
 
 def plot_calibration(result: CalibrationResult, path: Path, title: str = "") -> Path:
-    import matplotlib
+    matplotlib = require("matplotlib", "plot", "--plot")
 
     matplotlib.use("Agg")  # headless and deterministic
     import matplotlib.pyplot as plt

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import typer
 
+from ghostgpu.extras import require
+
 app = typer.Typer(help="A local GPU test cluster: real control plane, kwok GPU nodes, Kueue, Kyverno.")
 
 _STATE = typer.Option(None, "--state-dir", help="State directory (default ~/.cache/ghostgpu/cluster).")
@@ -34,6 +36,7 @@ def up(
     ),
 ) -> None:
     """Start the cluster (reuses a running one) and print its kubeconfig path."""
+    require("kubernetes", "devcluster", "ghostgpu devcluster")
     from ghostgpu.devcluster.cluster import ALL_ADDONS, DevCluster, status_lines
 
     if provider == "kind":
@@ -71,6 +74,7 @@ def up(
 @app.command()
 def down(state_dir: Path | None = _STATE) -> None:
     """Stop every process of the cluster and free its ports."""
+    require("kubernetes", "devcluster", "ghostgpu devcluster")
     from ghostgpu.devcluster.cluster import down as _down
 
     stopped = _down(state_dir)
@@ -80,6 +84,7 @@ def down(state_dir: Path | None = _STATE) -> None:
 @app.command()
 def status(state_dir: Path | None = _STATE) -> None:
     """Tell what runs; exit 1 unless every process of the cluster is up."""
+    require("kubernetes", "devcluster", "ghostgpu devcluster")
     from ghostgpu.devcluster.cluster import status as _status
     from ghostgpu.devcluster.cluster import status_lines
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
+from ghostgpu.extras import require
 from ghostgpu.scale.bench import SizeResult
 
 CPU_TARGET_S = 1.0  # one poll at N = 10,000 costs at most 1 s of controller CPU
@@ -105,7 +106,7 @@ def targets(results: Sequence[SizeResult]) -> list[tuple[str, bool, str]]:
 
 
 def plot(results: Sequence[SizeResult], path: Path) -> None:
-    import matplotlib
+    matplotlib = require("matplotlib", "plot", "--plot")
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ghostgpu.extras import require
 from ghostgpu.sim.published import PUBLISHED, PUBLISHED_WINDOW
 from ghostgpu.sim.runner import BenchResult
 
 
 def plot_window_sweep(result: BenchResult, path: Path) -> Path:
-    import matplotlib
+    matplotlib = require("matplotlib", "plot", "--plot")
 
     matplotlib.use("Agg")  # headless and deterministic: no display, no GUI backend
     import matplotlib.pyplot as plt
