@@ -496,6 +496,7 @@ def test_real_prometheus_utilization(
     assert getattr(out[keys[2]].utilization, "reason", None) == "missing"
 
 
+@pytest.mark.kueue
 def test_pending_job_admitted_once_ghosts_are_gone(
     devcluster: DevCluster,
     make_namespace: Callable[..., str],
@@ -651,6 +652,7 @@ def test_pending_job_admitted_once_ghosts_are_gone(
             )
 
 
+@pytest.mark.kueue
 def test_unwritable_deployment_is_reclaimed_via_the_ledger_and_restored(
     devcluster: DevCluster,
     make_namespace: Callable[..., str],
@@ -786,6 +788,7 @@ def test_unwritable_deployment_is_reclaimed_via_the_ledger_and_restored(
         kube.delete("kueue.x-k8s.io/v1beta2", "ResourceFlavor", f"rf-{uid}")
 
 
+@pytest.mark.kueue
 def test_verdict_on_a_deployment_with_no_ready_replicas_never_adds_queue_name(
     devcluster: DevCluster,
     make_namespace: Callable[..., str],
