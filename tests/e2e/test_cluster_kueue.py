@@ -190,6 +190,13 @@ def test_orphaned_workload_with_a_job_uid_label_is_finished_from_v0_18(
     assert "Finished" not in conditions(devcluster, "plain", namespace)
 
 
+def field_keys(fields: Any) -> set[str]:
+    """Every key of a managedFields fieldsV1 tree (`f:status`, `k:{"type":"PodsReady"}`, ...)."""
+    if not isinstance(fields, dict):
+        return set()
+    return set(fields) | {k for v in fields.values() for k in field_keys(v)}
+
+
 def _apply_status(
     dc: DevCluster, name: str, ns: str, cond: dict[str, Any], manager: str, force: bool
 ) -> None:
@@ -231,7 +238,7 @@ def test_podsready_is_taken_over_by_kueue_admission_from_v0_18(
         owners = {
             f["manager"]
             for f in wl["metadata"]["managedFields"]
-            if f.get("subresource") == "status" and '{"type":"PodsReady"}' in json.dumps(f.get("fieldsV1"))
+            if f.get("subresource") == "status" and 'k:{"type":"PodsReady"}' in field_keys(f.get("fieldsV1"))
         }
         ready = {**not_ready, "status": "True", "reason": "Started", "message": "all pods ready"}
         if release(devcluster) >= (0, 18, 0):
