@@ -55,7 +55,10 @@ def test_kueue_runs_the_pinned_release_with_the_rendered_configuration(devcluste
     # Kueue decodes its Configuration strictly and exits on an unknown or invalid field; it got
     # past that, and the effective configuration is the rendered one (with Kueue's defaults).
     assert not [e for e in log if str(e.get("msg", "")).startswith(("Unable to", "conflicting feature"))]
-    [loaded] = [e for e in log if e.get("msg") == "Configuration loaded"]
+    # The line was renamed in v0.18 ("Successfully loaded configuration" before).
+    [loaded] = [
+        e for e in log if e.get("msg") in ("Configuration loaded", "Successfully loaded configuration")
+    ]
     text = loaded["config"]
     rendered = rendered_kueue_config(REPO_ROOT / "kueue" / "kueue-manager-config.yaml")
     assert rendered is not None
@@ -200,40 +203,45 @@ def field_keys(fields: Any) -> set[str]:
 def _apply_status(
     dc: DevCluster, name: str, ns: str, cond: dict[str, Any], manager: str, force: bool
 ) -> None:
+    """Server-side apply of one status condition under `manager` (what an external writer does)."""
     body = {"apiVersion": KUEUE, "kind": "Workload", "metadata": {"name": name, "namespace": ns},
             "status": {"conditions": [cond]}}  # fmt: skip
-    dc.kube.api_client.call_api(
-        f"/apis/kueue.x-k8s.io/v1beta2/namespaces/{ns}/workloads/{name}/status",
-        "PATCH",
-        query_params=[("fieldManager", manager), ("force", "true" if force else "false")],
-        header_params={"Content-Type": "application/apply-patch+yaml", "Accept": "application/json"},
-        body=body,
-        auth_settings=["BearerToken"],
-        response_type="object",
-        _return_http_data_only=True,
-    )
+    client.CustomObjectsApi(dc.kube.api_client).patch_namespaced_custom_object_status(
+        "kueue.x-k8s.io", "v1beta2", ns, "workloads", name, body,
+        field_manager=manager, force=force, _content_type="application/apply-patch+yaml",
+    )  # fmt: skip
 
 
 def test_podsready_is_taken_over_by_kueue_admission_from_v0_18(
     devcluster: DevCluster, namespace: str, queue: str
 ) -> None:
-    """From v0.18 Kueue's admission writes (server-side apply, field manager `kueue-admission`,
-    forced) carry the PodsReady condition along with QuotaReserved/Admitted: once Kueue admits a
-    Workload whose PodsReady another manager set, `kueue-admission` co-owns that condition and the
-    other manager's next non-forced apply of a changed PodsReady is a 409 conflict. v0.17 leaves
-    PodsReady to its writer."""
+    """From v0.18 the status writes of Kueue's `kueue-admission` field manager (server-side apply,
+    forced) carry the PodsReady condition along with QuotaReserved/Admitted/Evicted/Finished. Once
+    Kueue writes such a status from a copy that holds the PodsReady another manager set (here: the
+    eviction of a deactivated Workload), `kueue-admission` co-owns that condition and the other
+    manager's next non-forced apply of a changed PodsReady is a 409 conflict. v0.17 leaves PodsReady
+    to its writer."""
     mgr = "ghostgpu-e2e"
+    co = client.CustomObjectsApi(devcluster.kube.api_client)
     devcluster.kube.apply(workload("held", namespace, queue))
     not_ready = {"type": "PodsReady", "status": "False", "reason": "WaitForStart", "message": "not yet",
                  "lastTransitionTime": "2026-01-01T00:00:00Z"}  # fmt: skip
     _apply_status(devcluster, "held", namespace, not_ready, mgr, force=False)
     try:
-        admitted = eventually(
+        eventually(
             lambda: conditions(devcluster, "held", namespace).get("Admitted", {}).get("status") == "True",
             60,
             "Kueue to admit the Workload",
         )
-        assert admitted
+        # Deactivating it makes the workload controller evict it from its own fresh read; that also
+        # frees the quota and ends blockAdmission's wait for this Workload's pods.
+        co.patch_namespaced_custom_object(
+            "kueue.x-k8s.io", "v1beta2", namespace, "workloads", "held", {"spec": {"active": False}}
+        )
+        evicted = eventually(
+            lambda: conditions(devcluster, "held", namespace).get("Evicted"), 60, "Kueue to evict it"
+        )
+        assert evicted["status"] == "True" and evicted["reason"] == "Deactivated"
         wl = devcluster.kube.get(KUEUE, "Workload", "held", namespace).to_dict()
         owners = {
             f["manager"]
@@ -242,15 +250,15 @@ def test_podsready_is_taken_over_by_kueue_admission_from_v0_18(
         }
         ready = {**not_ready, "status": "True", "reason": "Started", "message": "all pods ready"}
         if release(devcluster) >= (0, 18, 0):
-            assert "kueue-admission" in owners and mgr in owners
+            assert owners == {"kueue-admission", mgr}
             with pytest.raises(ApiException) as e:
                 _apply_status(devcluster, "held", namespace, ready, mgr, force=False)
             assert e.value.status == 409 and "kueue-admission" in str(e.value.body)
+            assert conditions(devcluster, "held", namespace)["PodsReady"]["status"] == "False"
+            _apply_status(devcluster, "held", namespace, ready, mgr, force=True)  # forcing works
         else:
             assert owners == {mgr}
             _apply_status(devcluster, "held", namespace, ready, mgr, force=False)
-        # Forcing always works (and releases blockAdmission for the rest of the session).
-        _apply_status(devcluster, "held", namespace, ready, mgr, force=True)
         assert conditions(devcluster, "held", namespace)["PodsReady"]["status"] == "True"
     finally:
         devcluster.kube.delete(KUEUE, "Workload", "held", namespace)
