@@ -229,13 +229,14 @@ class KueueFairSharing(Model):
         return value
 
 
-# The only preemption-strategy lists Kueue's configuration validation accepts (v0.17).
+# The only preemption-strategy lists Kueue's configuration validation accepts (v0.17 to v0.19).
 _FAIR_SHARING_STRATEGY_SETS = (
     ["LessThanOrEqualToFinalShare"],
     ["LessThanInitialShare"],
     ["LessThanOrEqualToFinalShare", "LessThanInitialShare"],
 )
-# Kueue v0.17's built-in integrations (jobframework registry); Kueue refuses to start on others.
+# Kueue's built-in integrations (jobframework registry, the same in v0.17 to v0.19); Kueue refuses
+# to start on others.
 KUEUE_FRAMEWORKS = (
     "batch/job",
     "kubeflow.org/mpijob",
@@ -593,9 +594,9 @@ class ControllerConfig(Model):
     kueue_nudge: bool = Field(
         False,
         description="after a reclaim, annotate the freed Nodes (ghostgpu.io/capacity-freed-at) so that "
-        "Kueue's topology-aware scheduling retries pending workloads (v0.17 retries them on node "
-        "changes, not on pod deletions); only useful with TAS flavors; renders `patch` on nodes "
-        "into the controller's ClusterRole",
+        "Kueue's topology-aware scheduling retries pending workloads (Kueue before v0.19.1 retries "
+        "them on node changes, not on pod deletions; v0.19.1+ also on pod deletions, within 10 s); "
+        "only useful with TAS flavors; renders `patch` on nodes into the controller's ClusterRole",
     )
 
     @model_validator(mode="after")

@@ -258,7 +258,9 @@ def _kueue_manager_config(cfg: c.GhostgpuConfig) -> dict[str, Any]:
         "apiVersion": "config.kueue.x-k8s.io/v1beta2",
         "kind": "Configuration",
         "namespace": k.namespace,
-        # The next blocks repeat Kueue's shipped defaults: this ConfigMap replaces the shipped one.
+        # The next blocks repeat Kueue's shipped defaults (v0.19's
+        # config/components/manager/controller_manager_config.yaml; v0.17 shipped lower
+        # concurrency and qps 50 / burst 100): this ConfigMap replaces the shipped one.
         "health": {"healthProbeBindAddress": ":8081"},
         "metrics": {"bindAddress": ":8443", "enableClusterQueueResources": True},
         "webhook": {"port": 9443},
@@ -267,14 +269,14 @@ def _kueue_manager_config(cfg: c.GhostgpuConfig) -> dict[str, Any]:
             "groupKindConcurrency": {
                 "Job.batch": 5,
                 "Pod": 5,
-                "Workload.kueue.x-k8s.io": 5,
-                "LocalQueue.kueue.x-k8s.io": 1,
+                "Workload.kueue.x-k8s.io": 10,
+                "LocalQueue.kueue.x-k8s.io": 5,
                 "Cohort.kueue.x-k8s.io": 1,
-                "ClusterQueue.kueue.x-k8s.io": 1,
+                "ClusterQueue.kueue.x-k8s.io": 5,
                 "ResourceFlavor.kueue.x-k8s.io": 1,
             }
         },
-        "clientConnection": {"qps": 50, "burst": 100},
+        "clientConnection": {"qps": 300, "burst": 500},
         "manageJobsWithoutQueueName": False,
         # Kueue's own default (every namespace but the system ones), not the opt-in label: Kueue
         # >= 0.15 skips Jobs outside this selector while its webhook still suspends any Job that

@@ -697,9 +697,10 @@ class Reconciler:
         """Tell Kueue that GPUs were freed on these nodes.
 
         Why: Kueue's topology-aware scheduling counts pods outside Kueue against node capacity,
-        but (v0.17) retries inadmissible workloads on node changes, not on pod deletions; so a
-        Job that did not fit would wait for an unrelated event. A Node annotation change is such
-        an event. The annotation is informational and harmless; failures are only logged.
+        but (before v0.19.1) retries inadmissible workloads on node changes, not on pod deletions;
+        so a Job that did not fit would wait for an unrelated event. A Node annotation change is
+        such an event (v0.19.1+ also retries on pod deletions, batched every 10 s: the nudge only
+        saves those seconds there). The annotation is informational; failures are only logged.
         """
         if not self.nudge_nodes:
             return

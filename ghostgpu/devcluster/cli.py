@@ -35,7 +35,10 @@ def up(
         False, "--bundles", help="Then server-side apply kueue/ policies/ controller/."
     ),
 ) -> None:
-    """Start the cluster (reuses a running one) and print its kubeconfig path."""
+    """Start the cluster (reuses a running one) and print its kubeconfig path.
+
+    Kueue is hack/versions.env's KUEUE_VERSION; GHOSTGPU_KUEUE_VERSION=v0.17.0 (built by
+    `hack/testbin kueue@v0.17.0`) starts another release."""
     require("kubernetes", "devcluster", "ghostgpu devcluster")
     from ghostgpu.devcluster.cluster import ALL_ADDONS, DevCluster, status_lines
 
@@ -54,7 +57,7 @@ def up(
     t0 = time.monotonic()
     try:
         cluster = DevCluster.up(state_dir, addons=addons)
-    except (FileNotFoundError, RuntimeError, TimeoutError) as e:
+    except (FileNotFoundError, RuntimeError, TimeoutError, ValueError) as e:
         typer.echo(f"devcluster up failed: {e}", err=True)
         raise typer.Exit(1) from e
     for line in status_lines(cluster.state):

@@ -56,6 +56,8 @@ class ClusterState(BaseModel):
     addons: list[str] = Field(default_factory=list)
     nodes: list[str] = Field(default_factory=list)
     startup_seconds: dict[str, float] = Field(default_factory=dict)
+    # The Kueue release running (hack/versions.env KUEUE_VERSION or $GHOSTGPU_KUEUE_VERSION).
+    kueue_version: str | None = None
 
     @property
     def prometheus_url(self) -> str:
@@ -154,7 +156,8 @@ class DevCluster:
         needed += ["prometheus"] if "prometheus" in addons else []
         missing = tools.missing(*needed)
         if missing:
-            raise FileNotFoundError("devcluster binaries missing (run hack/testbin): " + ", ".join(missing))
+            build = "hack/testbin" + (f" kueue@{tools.kueue_version}" if str(tools.kueue) in missing else "")
+            raise FileNotFoundError(f"devcluster binaries missing (run {build}): " + ", ".join(missing))
         cls._stop_recorded(state_dir)  # a half-dead previous cluster: clear it first
         if state_dir.exists():
             shutil.rmtree(state_dir)
@@ -234,6 +237,7 @@ class _Starter:
             ports=self.ports,
             addons=list(addons),
             nodes=[n.name for n in nodes],
+            kueue_version=tools.kueue_version if "kueue" in addons else None,
         )
         self.t0 = time.monotonic()
 
@@ -511,8 +515,8 @@ class _Starter:
         )
 
     def _kueue_metrics_certs(self) -> None:
-        # Kueue v0.17 reads its metrics serving cert from this fixed path whenever internal cert
-        # management is off (cmd/kueue/main.go); nothing verifies it here, any cert of ours will do.
+        # Kueue (v0.17 to v0.19 at least) reads its metrics serving cert from this fixed path whenever
+        # internal cert management is off (cmd/kueue/main.go); nothing verifies it here, any cert will do.
         pair = self.pki.issue("kueue-metrics", "kueue-metrics", server=True, ips=("127.0.0.1",))
         try:
             KUEUE_METRICS_CERT_DIR.mkdir(parents=True, exist_ok=True)
@@ -520,8 +524,8 @@ class _Starter:
             shutil.copy(pair.key, KUEUE_METRICS_CERT_DIR / "tls.key")
         except PermissionError as e:
             raise RuntimeError(
-                f"Kueue needs its metrics certificate in {KUEUE_METRICS_CERT_DIR} (fixed path in Kueue "
-                f"v0.17) and this user cannot write there: {e}; run as root or use --no-kueue"
+                f"Kueue needs its metrics certificate in {KUEUE_METRICS_CERT_DIR} (a fixed path in "
+                f"Kueue's main.go) and this user cannot write there: {e}; run as root or use --no-kueue"
             ) from e
 
     def _kyverno(self) -> None:
@@ -689,6 +693,8 @@ def status_lines(state: ClusterState | None) -> list[str]:
         f"kubeconfig: {state.kubeconfig}",
         f"server: {state.server}",
     ]
+    if state.kueue_version:
+        lines.append(f"kueue: {state.kueue_version}")
     if "prometheus" in state.addons:
         lines += [f"prometheus: {state.prometheus_url}", f"fake dcgm-exporter: {state.dcgm_url}"]
     for p in state.processes:

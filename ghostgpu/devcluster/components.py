@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import copy
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,8 @@ import yaml
 # Ray, JobSet... which would only add noise (their CRDs are not installed).
 KUEUE_WEBHOOK_GROUPS = {"", "apps", "batch", "kueue.x-k8s.io"}
 KUEUE_SYSTEM_NAMESPACES = ["kube-system", "kueue-system"]
-# Kueue's kustomization adds this namespace selector to its pod/deployment/statefulset webhooks.
+# Without Kueue's webhook kustomization at hand: v0.17 gives only these webhooks the selector that
+# skips the system namespaces (from v0.18 every job integration's webhook gets it).
 KUEUE_POD_LIKE_WEBHOOKS = {
     "mpod.kb.io",
     "mdeployment.kb.io",
@@ -24,6 +26,7 @@ KUEUE_POD_LIKE_WEBHOOKS = {
     "vdeployment.kb.io",
     "vstatefulset.kb.io",
 }
+_WEBHOOK_SELECTOR_PATH = re.compile(r"webhooks\.\[name=([^\]]+)\]\.namespaceSelector")
 KUEUE_FRAMEWORKS = ["batch/job", "pod", "deployment", "statefulset"]
 
 
@@ -81,8 +84,42 @@ def _url_client_config(port: int, path: str, ca_pem: bytes) -> dict[str, Any]:
     return {"url": f"https://127.0.0.1:{port}{path}", "caBundle": base64.b64encode(ca_pem).decode()}
 
 
+def kueue_webhook_namespace_selectors(kustomization: Path) -> dict[str, dict[str, Any]]:
+    """{webhook name: namespaceSelector} that Kueue's config/components/webhook/kustomization.yaml
+    sets, read the two ways Kueue's releases write it: strategic-merge `patches` naming each webhook
+    (v0.17) and `replacements` that copy one webhook's selector to the others (v0.18+)."""
+    if not kustomization.is_file():
+        selector = {
+            "matchExpressions": [
+                {"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": KUEUE_SYSTEM_NAMESPACES}
+            ]
+        }
+        return {name: copy.deepcopy(selector) for name in sorted(KUEUE_POD_LIKE_WEBHOOKS)}
+    k = yaml.safe_load(kustomization.read_text()) or {}
+    out: dict[str, dict[str, Any]] = {}
+    for patch in k.get("patches") or []:
+        for doc in yaml.safe_load_all(patch.get("patch") or ""):
+            for wh in (doc or {}).get("webhooks") or []:
+                if "namespaceSelector" in wh:
+                    out[wh["name"]] = wh["namespaceSelector"]
+    for rep in k.get("replacements") or []:
+        src = _WEBHOOK_SELECTOR_PATH.fullmatch(rep.get("source", {}).get("fieldPath", ""))
+        if src is None:
+            continue
+        if src.group(1) not in out:
+            raise ValueError(f"{kustomization}: replacement source {src.group(1)} has no namespaceSelector")
+        for target in rep.get("targets") or []:
+            for path in target.get("fieldPaths") or []:
+                dst = _WEBHOOK_SELECTOR_PATH.fullmatch(path)
+                if dst is not None:
+                    out[dst.group(1)] = copy.deepcopy(out[src.group(1)])
+    return out
+
+
 def kueue_webhook_configs(webhook_dir: Path, port: int, ca_pem: bytes) -> list[dict[str, Any]]:
-    """Kueue's Mutating/ValidatingWebhookConfiguration with url clientConfig to 127.0.0.1:port."""
+    """Kueue's Mutating/ValidatingWebhookConfiguration with url clientConfig to 127.0.0.1:port and
+    the namespace selectors of the release's own kustomization."""
+    selectors = kueue_webhook_namespace_selectors(webhook_dir / "kustomization.yaml")
     out = []
     for doc in yaml.safe_load_all((webhook_dir / "manifests.yaml").read_text()):
         if not doc or doc.get("kind") not in (
@@ -99,16 +136,8 @@ def kueue_webhook_configs(webhook_dir: Path, port: int, ca_pem: bytes) -> list[d
                 continue
             path = wh["clientConfig"]["service"]["path"]
             wh["clientConfig"] = _url_client_config(port, path, ca_pem)
-            if wh["name"] in KUEUE_POD_LIKE_WEBHOOKS:
-                wh["namespaceSelector"] = {
-                    "matchExpressions": [
-                        {
-                            "key": "kubernetes.io/metadata.name",
-                            "operator": "NotIn",
-                            "values": KUEUE_SYSTEM_NAMESPACES,
-                        }
-                    ]
-                }
+            if wh["name"] in selectors:
+                wh["namespaceSelector"] = copy.deepcopy(selectors[wh["name"]])
             hooks.append(wh)
         doc["webhooks"] = hooks
         out.append(doc)

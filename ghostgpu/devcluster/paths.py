@@ -1,14 +1,20 @@
 """Where the pinned test-cluster binaries live: hack/versions.env names the versions, hack/testbin
-builds them into ~/.cache/ghostgpu/<component>-<version>/ (override with GHOSTGPU_CACHE)."""
+builds them into ~/.cache/ghostgpu/<component>-<version>/ (override with GHOSTGPU_CACHE).
+
+The devcluster runs Kueue `KUEUE_VERSION` unless `GHOSTGPU_KUEUE_VERSION` names another release
+that hack/testbin built (hack/test uses it to run the Kueue-facing tests on KUEUE_EXTRA_VERSIONS)."""
 
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 VERSIONS_ENV = REPO_ROOT / "hack" / "versions.env"
+KUEUE_VERSION_ENV = "GHOSTGPU_KUEUE_VERSION"
+_RELEASE = re.compile(r"v\d+\.\d+\.\d+(-[0-9A-Za-z.-]+)?")
 
 
 def cache_root() -> Path:
@@ -29,8 +35,29 @@ def read_versions(path: Path = VERSIONS_ENV) -> dict[str, str]:
         key, sep, value = line.partition("=")
         if not sep:
             raise ValueError(f"{path}:{n}: expected KEY=value, got {raw!r}")
-        out[key.strip()] = value.strip()
+        value = value.strip()
+        if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
+            value = value[1:-1]  # bash sources this file: a list of versions needs quotes
+        out[key.strip()] = value
     return out
+
+
+def kueue_version(versions: dict[str, str], env: dict[str, str] | None = None) -> str:
+    """The Kueue release the devcluster runs: $GHOSTGPU_KUEUE_VERSION, else KUEUE_VERSION."""
+    env = os.environ if env is None else env
+    chosen = env.get(KUEUE_VERSION_ENV) or versions["KUEUE_VERSION"]
+    if not _RELEASE.fullmatch(chosen):
+        raise ValueError(
+            f"{KUEUE_VERSION_ENV}={chosen!r}: expected a Kueue release tag like v0.19.2 "
+            f"(hack/versions.env: KUEUE_VERSION={versions['KUEUE_VERSION']}, "
+            f"KUEUE_EXTRA_VERSIONS={versions.get('KUEUE_EXTRA_VERSIONS', '')!r})"
+        )
+    return chosen
+
+
+def kueue_extra_versions(versions: dict[str, str]) -> list[str]:
+    """KUEUE_EXTRA_VERSIONS: the older releases the Kueue-facing tests also run against."""
+    return [v for v in versions.get("KUEUE_EXTRA_VERSIONS", "").split() if v != versions["KUEUE_VERSION"]]
 
 
 @dataclass(frozen=True)
@@ -55,6 +82,7 @@ class Toolchain:
     monitoring_crd_dir: Path
     argocd_crd_dir: Path
     versions: dict[str, str]
+    kueue_version: str
 
     @classmethod
     def locate(cls, root: Path | None = None) -> Toolchain:
@@ -62,7 +90,8 @@ class Toolchain:
         r = root or cache_root()
         k8s = r / f"kubernetes-{v['KUBERNETES_VERSION']}"
         kwok = r / f"kwok-{v['KWOK_VERSION']}"
-        kueue = r / f"kueue-{v['KUEUE_VERSION']}"
+        kv = kueue_version(v)
+        kueue = r / f"kueue-{kv}"
         kyv = r / f"kyverno-{v['KYVERNO_VERSION']}"
         return cls(
             etcd=r / f"etcd-{v['ETCD_VERSION']}" / "bin" / "etcd",
@@ -83,9 +112,12 @@ class Toolchain:
             monitoring_crd_dir=r / f"monitoring-crds-{v['PROMETHEUS_OPERATOR_VERSION']}" / "crds",
             argocd_crd_dir=r / f"argocd-{v['ARGOCD_VERSION']}" / "crds",
             versions=v,
+            kueue_version=kv,
         )
 
     def missing(self, *names: str) -> list[str]:
         """Paths (of the named fields, or all) that hack/testbin has not built yet."""
-        fields = names or tuple(f for f in self.__dataclass_fields__ if f != "versions")
+        fields = names or tuple(
+            f for f in self.__dataclass_fields__ if f not in ("versions", "kueue_version")
+        )
         return [str(getattr(self, f)) for f in fields if not Path(getattr(self, f)).exists()]

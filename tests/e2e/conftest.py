@@ -4,7 +4,9 @@ One cluster serves the whole session. If `GHOSTGPU_DEVCLUSTER_STATE` names the s
 cluster that `ghostgpu devcluster up` already started, the tests use it and leave it running;
 otherwise the session starts its own cluster in a temporary directory and stops it at the end.
 Tests are skipped (with the reason) only when hack/testbin has not built the binaries; hack/test
-runs hack/testbin first, so CI never skips.
+runs hack/testbin first, so CI never skips. The cluster runs Kueue KUEUE_VERSION, or
+$GHOSTGPU_KUEUE_VERSION (hack/test's second pass of the tests marked `kueue`, once per
+KUEUE_EXTRA_VERSIONS release); `devcluster.state.kueue_version` says which.
 
 Fixtures other parts use:
   devcluster      DevCluster: .kubeconfig, .state.prometheus_url, .process_tables, .dcgm, .kube

@@ -14,7 +14,8 @@ from polling import eventually
 
 from ghostgpu.devcluster import DevCluster
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
+# Every test here goes through Kueue's webhooks (they run before Kyverno's) or its admission.
+pytestmark = [pytest.mark.e2e, pytest.mark.kueue, pytest.mark.timeout(300)]
 
 TRACKED = "ghostgpu.io/tracked"
 QUEUE = "kueue.x-k8s.io/queue-name"

@@ -15,6 +15,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 
 
 @pytest.mark.parametrize("bundle", BUNDLES)
+@pytest.mark.kueue
 def test_every_rendered_object_is_accepted_by_server_side_apply(
     devcluster: DevCluster, applied_bundles: dict[str, list[str]], bundle: str
 ) -> None:
@@ -41,6 +42,7 @@ def _versions(dc: DevCluster, docs: list[dict[str, Any]]) -> dict[tuple[str, str
     return out
 
 
+@pytest.mark.kueue
 def test_reapplying_the_bundles_changes_nothing(
     devcluster: DevCluster, applied_bundles: dict[str, list[str]]
 ) -> None:
@@ -52,6 +54,7 @@ def test_reapplying_the_bundles_changes_nothing(
     assert {k: (v, after[k]) for k, v in before.items() if after[k] != v} == {}
 
 
+@pytest.mark.kueue
 def test_rendered_kueue_objects_become_active(
     devcluster: DevCluster, applied_bundles: dict[str, list[str]]
 ) -> None:

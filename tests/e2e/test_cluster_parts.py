@@ -19,7 +19,7 @@ from ghostgpu.devcluster.certs import CertAuthority
 from ghostgpu.devcluster.fake_dcgm import FakeDcgmClient, GpuSample, Store, make_server
 from ghostgpu.devcluster.kwok_exec import PS_SHIM, ProcessRow, install_shims, render_table
 from ghostgpu.devcluster.nodes import GpuNodeSpec, Taint, node_manifest
-from ghostgpu.devcluster.paths import read_versions
+from ghostgpu.devcluster.paths import Toolchain, kueue_extra_versions, kueue_version, read_versions
 from ghostgpu.signals.processes import parse_ps
 
 WEBHOOKS = """
@@ -52,6 +52,56 @@ def test_kueue_webhooks_use_url_client_config_and_drop_absent_frameworks(tmp_pat
     expr = hooks["mpod.kb.io"]["namespaceSelector"]["matchExpressions"][0]
     assert expr["operator"] == "NotIn" and "kueue-system" in expr["values"]
     assert "namespaceSelector" not in hooks["mjob.kb.io"]
+
+
+SYSTEM = {"matchExpressions": [{"key": "kubernetes.io/metadata.name", "operator": "NotIn",
+                                 "values": ["kube-system", "kueue-system"]}]}  # fmt: skip
+# The two shapes of config/components/webhook/kustomization.yaml, cut down from v0.17.0 and v0.19.2.
+KUSTOMIZATION_V017 = {
+    "patches": [
+        {"patch": yaml.safe_dump({"kind": "MutatingWebhookConfiguration",
+                                  "webhooks": [{"name": "mpod.kb.io", "namespaceSelector": SYSTEM}]})},
+        {"patch": yaml.safe_dump({"kind": "ValidatingWebhookConfiguration",
+                                  "webhooks": [{"name": "vpod.kb.io", "namespaceSelector": SYSTEM}]})},
+    ]
+}  # fmt: skip
+KUSTOMIZATION_V019 = {
+    "patches": KUSTOMIZATION_V017["patches"][1:],
+    "replacements": [
+        {
+            "source": {"kind": "ValidatingWebhookConfiguration", "name": "validating-webhook-configuration",
+                       "fieldPath": "webhooks.[name=vpod.kb.io].namespaceSelector"},
+            "targets": [{"select": {"kind": "MutatingWebhookConfiguration"},
+                         "fieldPaths": ["webhooks.[name=mjob.kb.io].namespaceSelector",
+                                        "webhooks.[name=mpod.kb.io].namespaceSelector"],
+                         "options": {"create": True}}],
+        }
+    ],
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("kustomization", "selected"),
+    [(KUSTOMIZATION_V017, {"mpod.kb.io"}), (KUSTOMIZATION_V019, {"mpod.kb.io", "mjob.kb.io"})],
+    ids=["patches-v0.17", "replacements-v0.19"],
+)
+def test_kueue_webhooks_get_the_namespace_selectors_of_the_release_kustomization(
+    tmp_path: Path, kustomization: dict[str, object], selected: set[str]
+) -> None:
+    (tmp_path / "manifests.yaml").write_text(WEBHOOKS)
+    (tmp_path / "kustomization.yaml").write_text(yaml.safe_dump(kustomization))
+    [cfg] = components.kueue_webhook_configs(tmp_path, 9443, b"CA")
+    got = {w["name"] for w in cfg["webhooks"] if w.get("namespaceSelector") == SYSTEM}
+    assert got == selected
+    selectors = components.kueue_webhook_namespace_selectors(tmp_path / "kustomization.yaml")
+    assert selectors["vpod.kb.io"] == SYSTEM
+
+
+def test_a_replacement_from_a_webhook_without_a_selector_is_an_error(tmp_path: Path) -> None:
+    bad = {"replacements": KUSTOMIZATION_V019["replacements"]}
+    (tmp_path / "kustomization.yaml").write_text(yaml.safe_dump(bad))
+    with pytest.raises(ValueError, match=r"vpod.kb.io has no namespaceSelector"):
+        components.kueue_webhook_namespace_selectors(tmp_path / "kustomization.yaml")
 
 
 def test_kueue_crds_get_a_conversion_webhook_only_where_kueue_patches_one(tmp_path: Path) -> None:
@@ -232,10 +282,40 @@ def test_read_versions_parses_and_rejects_malformed_lines(tmp_path: Path) -> Non
         read_versions(f)
 
 
+def test_read_versions_unquotes_a_quoted_list(tmp_path: Path) -> None:
+    f = tmp_path / "v.env"
+    f.write_text('KUEUE_VERSION=v0.19.2\nKUEUE_EXTRA_VERSIONS="v0.17.0 v0.18.3 v0.19.2"\n')
+    v = read_versions(f)
+    assert kueue_extra_versions(v) == ["v0.17.0", "v0.18.3"]  # the default is not "extra"
+
+
+def test_kueue_version_comes_from_the_environment_else_versions_env() -> None:
+    v = {"KUEUE_VERSION": "v0.19.2", "KUEUE_EXTRA_VERSIONS": "v0.17.0"}
+    assert kueue_version(v, {}) == "v0.19.2"
+    assert kueue_version(v, {"GHOSTGPU_KUEUE_VERSION": "v0.17.0"}) == "v0.17.0"
+    with pytest.raises(ValueError, match=r"GHOSTGPU_KUEUE_VERSION='0.17': expected a Kueue release tag"):
+        kueue_version(v, {"GHOSTGPU_KUEUE_VERSION": "0.17"})
+
+
+def test_toolchain_runs_the_kueue_that_the_environment_names(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("GHOSTGPU_KUEUE_VERSION", "v0.17.0")
+    tools = Toolchain.locate(tmp_path)
+    assert tools.kueue_version == "v0.17.0"
+    assert tools.kueue == tmp_path / "kueue-v0.17.0" / "bin" / "kueue"
+    assert tools.kueue_webhook_dir == tmp_path / "kueue-v0.17.0" / "webhook"
+    monkeypatch.delenv("GHOSTGPU_KUEUE_VERSION")
+    assert Toolchain.locate(tmp_path).kueue_version == read_versions()["KUEUE_VERSION"]
+
+
 def test_repository_versions_file_pins_every_component() -> None:
     v = read_versions()
     for key in ("ETCD_VERSION", "KUBERNETES_VERSION", "KWOK_VERSION", "KUEUE_VERSION", "KYVERNO_VERSION"):
         assert v[key].startswith("v"), key
+    # The Kueue-facing tests also run on at least one older Kueue than the default.
+    extra = kueue_extra_versions(v)
+    assert extra and all(kueue_version(v, {"GHOSTGPU_KUEUE_VERSION": e}) == e for e in extra)
     assert sys.version_info >= (3, 11)
 
 

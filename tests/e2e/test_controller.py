@@ -495,6 +495,13 @@ def test_real_prometheus_utilization(
     assert getattr(out[keys[2]].utilization, "reason", None) == "missing"
 
 
+def kueue_release(dc: DevCluster) -> tuple[int, ...]:
+    assert dc.state.kueue_version, "the devcluster records the Kueue release it runs"
+    return tuple(int(x) for x in dc.state.kueue_version.lstrip("v").split("-")[0].split("."))
+
+
+@pytest.mark.kueue
+@pytest.mark.parametrize("nudge", [True, False], ids=["nudge", "no-nudge"])
 def test_pending_job_admitted_once_ghosts_are_gone(
     devcluster: DevCluster,
     make_namespace: Callable[..., str],
@@ -502,9 +509,14 @@ def test_pending_job_admitted_once_ghosts_are_gone(
     dcgm: FakeDcgmClient,
     prometheus_url: str,
     tmp_path: Path,
+    nudge: bool,
 ) -> None:
     """Kueue's topology-aware scheduling counts pods outside Kueue against node capacity: a Job that
-    needs a whole node does not fit while two ghosts hold it, and is admitted once they are gone."""
+    needs a whole node does not fit while two ghosts hold it, and is admitted once they are gone.
+    Kueue < v0.19.1 retries it only on a node change (the nudge); v0.19.1+ also when a pod outside
+    Kueue frees capacity (batched every 10 s), so there it is admitted without the nudge too."""
+    if not nudge and kueue_release(devcluster) < (0, 19, 1):
+        pytest.skip(f"Kueue {devcluster.state.kueue_version} does not retry TAS workloads on pod deletions")
     kube = devcluster.kube
     co = client.CustomObjectsApi(kube.api_client)
     batch = client.BatchV1Api(kube.api_client)
@@ -601,8 +613,8 @@ def test_pending_job_admitted_once_ghosts_are_gone(
         )
         assert before["heldOutsideKueue"] >= 9 and before["gap"] >= 9
 
-        # A TAS flavor: Kueue retries the pending Job on a node change, so the nudge is on.
-        cfg = controller_config(tmp_path, prometheus_url, "enforce", kueueNudge=True)
+        # A TAS flavor: before v0.19.1 Kueue retries the pending Job only on a node change (the nudge).
+        cfg = controller_config(tmp_path, prometheus_url, "enforce", kueueNudge=nudge)
         controller = Controller(devcluster.kubeconfig, cfg, tmp_path, "enforce")
         controller.wait_polls(1)
         wait_for(lambda: sc.replicas("ghost-a") == 0 and sc.replicas("ghost-b") == 0, 90, "ghosts reclaimed")
@@ -628,7 +640,8 @@ def test_pending_job_admitted_once_ghosts_are_gone(
         )  # fmt: skip
         assert job_pods[0].spec.node_name == "gpu-h100-0"
         freed = core.read_node("gpu-h100-0").metadata.annotations or {}
-        assert "ghostgpu.io/capacity-freed-at" in freed, "the nudge that made Kueue retry"
+        if nudge:
+            assert "ghostgpu.io/capacity-freed-at" in freed, "the nudge that made Kueue retry"
         wait_for(
             lambda: (batch.read_namespaced_job("needs-a-node", ns).status.succeeded or 0) == 1, 60, "Job done"
         )
@@ -650,6 +663,7 @@ def test_pending_job_admitted_once_ghosts_are_gone(
             )
 
 
+@pytest.mark.kueue
 def test_unwritable_deployment_is_reclaimed_via_the_ledger_and_restored(
     devcluster: DevCluster,
     make_namespace: Callable[..., str],
@@ -785,6 +799,7 @@ def test_unwritable_deployment_is_reclaimed_via_the_ledger_and_restored(
         kube.delete("kueue.x-k8s.io/v1beta2", "ResourceFlavor", f"rf-{uid}")
 
 
+@pytest.mark.kueue
 def test_verdict_on_a_deployment_with_no_ready_replicas_never_adds_queue_name(
     devcluster: DevCluster,
     make_namespace: Callable[..., str],

@@ -40,7 +40,10 @@ RUN_ELSEWHERE = {
     ("devcluster", "status"): "tests/e2e/test_cluster_lifecycle.py",
     ("devcluster", "down"): "tests/e2e/test_cluster_lifecycle.py",
     ("bench", "scale"): "tests/e2e/test_scale_smoke.py",
-    ("dashboard", "preview"): "tests/e2e/test_dashboard.py; --from-json in tests/unit/test_dashboard.py",
+    (
+        "dashboard",
+        "preview",
+    ): "tests/e2e/test_dashboard.py; --from-json in tests/unit/test_dashboard_render.py",
 }
 
 
