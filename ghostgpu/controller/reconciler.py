@@ -74,6 +74,7 @@ from ghostgpu.verdict import (
     RECLAIMABLE_KINDS,
     Evidence,
     FailureReason,
+    GpuMemory,
     ProcessInfo,
     SignalFailure,
     Verdict,
@@ -385,9 +386,13 @@ class Reconciler:
             faults = workload_faults([p.faults for p in pods], xids)
             if isinstance(faults, SignalFailure):
                 self.metrics.signal_failures.labels("faults", faults.reason.value).inc()
-            memory = workload_memory(readings[PodKey(p.namespace, p.name)] for p in pods)
-            if isinstance(memory, SignalFailure):
-                self.metrics.signal_failures.labels("memory", memory.reason.value).inc()
+            # GPU memory is read where the processes are: only once the window is all zero (the
+            # verdict never looks at it otherwise), so busy workloads cost nothing more per poll.
+            memory: GpuMemory | SignalFailure | None = None
+            if processes[ref] is not None:
+                memory = workload_memory(readings[PodKey(p.namespace, p.name)] for p in pods)
+                if isinstance(memory, SignalFailure):
+                    self.metrics.signal_failures.labels("memory", memory.reason.value).inc()
             evidence = assemble(
                 st, window=self.cfg.window, processes=processes[ref], faults=faults, memory=memory
             )

@@ -25,14 +25,13 @@ from urllib.parse import urlsplit
 from ghostgpu.scale.meter import RequestCounter, cpu_seconds, delta, memory_mib
 
 CONCURRENCY = 8
-_NO_WORK = frozenset({"wrapper", "holder", "defunct"})  # ProcessRole values
 
 
 async def one_run(api: Any, prom: Any, executor: Any, sample: int | None) -> dict[str, int]:
     from ghostgpu.signals.podexec import ExecFailed, PodRef
     from ghostgpu.signals.processes import PS_ARGV, MalformedListing, parse_ps
     from ghostgpu.signals.prometheus import PrometheusError
-    from ghostgpu.verdict import ProcessPolicy, classify_listing
+    from ghostgpu.verdict import ProcessPolicy, ProcessRole, classify_listing
 
     pods: list[dict[str, Any]] = []
     params: dict[str, Any] = {"labelSelector": "ghostgpu.io/tracked=true", "limit": 500}
@@ -64,7 +63,8 @@ async def one_run(api: Any, prom: Any, executor: Any, sample: int | None) -> dic
                 res = await executor.run(PodRef(ns, name, "main"), PS_ARGV, timeout=10.0)
                 roles = classify_listing(parse_ps(res.stdout), ProcessPolicy())
                 # No work: nothing but wrappers, holders and defunct processes.
-                idle_procs = all(r in _NO_WORK for r in roles)
+                no_work = (ProcessRole.WRAPPER, ProcessRole.HOLDER, ProcessRole.DEFUNCT)
+                idle_procs = all(r in no_work for r in roles)
             except (ExecFailed, MalformedListing):
                 idle_procs = False
         return util == 0 and idle_procs
