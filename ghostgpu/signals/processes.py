@@ -11,7 +11,7 @@ import asyncio
 from collections.abc import Sequence
 
 from ghostgpu.signals.podexec import ExecFailed, PodExec, PodRef
-from ghostgpu.verdict import FailureReason, ProcessInfo, SignalFailure
+from ghostgpu.verdict import FailureReason, ProcessInfo, SignalFailure, program_of
 
 # procps (Debian, Ubuntu, UBI, Alpine's procps): pid, parent, state, seconds since start, and the
 # command line last, so whatever it contains cannot shift the other columns. The arguments are what
@@ -74,7 +74,7 @@ def parse_ps(text: str, *, scope: str = "") -> tuple[ProcessInfo, ...]:
                 raise MalformedListing(f"line {lineno}: elapsed seconds not an integer: {line[:80]!r}")
             elapsed = int(parts[3])
         pid, ppid = int(pid_s), int(ppid_s)
-        if pid != 1 and ppid == 0 and command.split(" ", 1)[0].rsplit("/", 1)[-1] in _PROBES:
+        if pid != 1 and ppid == 0 and program_of(command)[0] in _PROBES:
             continue
         procs.append(
             ProcessInfo(pid=pid, state=stat, command=command, ppid=ppid, elapsed_s=elapsed, scope=scope)
