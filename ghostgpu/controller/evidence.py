@@ -146,9 +146,8 @@ def evidence_summary(evidence: Evidence, verdict: Verdict, window: int) -> dict[
         # live: what the verdict counted as work (0 when only holders such as `sleep infinity` run).
         dead = sum(p.defunct for p in procs)
         live = verdict.live_processes if verdict.live_processes is not None else len(procs) - dead
-        out["procs"] = {"live": live, "defunct": dead}
-        if live != len(procs) - dead:
-            out["procs"]["holders"] = len(procs) - dead - live  # type: ignore[index]
+        held = len(procs) - dead - live
+        out["procs"] = {"live": live, "defunct": dead, **({"holders": held} if held else {})}
     memory = evidence.memory
     if isinstance(memory, SignalFailure):
         out["gpu_mem"] = f"!{memory.reason.value}"
