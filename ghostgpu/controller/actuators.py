@@ -125,7 +125,9 @@ class Actuator(_Model):
     )
     containers: list[str] = Field(default_factory=list, description="JSON pointers to container lists")
     container: list[str] = Field(default_factory=list, description="JSON pointers to single containers")
-    replicas: str | None = Field(None, description="JSON pointer of the replica count, when there is one")
+    replicas: str | None = Field(
+        None, description="JSON pointer of the replica count (`*`: summed over a list), when there is one"
+    )
     base_risk: float = Field(0.15, ge=0.0, le=1.0)
     track: bool = Field(True, description="the Kyverno policy labels objects of this kind")
     note: str = ""
@@ -150,6 +152,8 @@ class Actuator(_Model):
                 raise ValueError(f"{where}: `field` must be under /spec/ (got {self.field})")
         elif self.annotation or self.field:
             raise ValueError(f"{where}: stop scale takes no `annotation` or `field`")
+        elif self.replicas and "*" in pointer_tokens(self.replicas):
+            raise ValueError(f"{where}: a scale stop needs one replica count, not {self.replicas}")
         return self
 
     # --- identity ---------------------------------------------------------------------------------
@@ -276,6 +280,7 @@ def builtin_actuators() -> list[Actuator]:
           note="Kubeflow Notebooks 2.0; the GPU is in its WorkspaceKind, so the StatefulSet is tracked"),
         a(group="ray.io", version="v1", kind="RayCluster", plural="rayclusters", stop="field",
           field="/spec/suspend", value=True, restore_value=False, base_risk=0.15,
+          replicas="/spec/workerGroupSpecs/*/replicas",
           containers=["/spec/headGroupSpec/template/spec/containers",
                       "/spec/workerGroupSpecs/*/template/spec/containers"],
           note="KubeRay deletes every pod of a suspended RayCluster and keeps the object"),

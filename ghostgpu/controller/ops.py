@@ -7,8 +7,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from ghostgpu.config import ControllerConfig
-from ghostgpu.controller import keys
+from ghostgpu.controller import keys, stops
 from ghostgpu.controller.accounting import FlavorAccount, FlavorSpec, node_flavor
+from ghostgpu.controller.actuators import ActuatorTable
 from ghostgpu.controller.app import LoadedConfig, _kube_api, _slim_node, discover_flavors
 from ghostgpu.controller.inventory import WorkloadRef, gpu_predicate, pod_view, workload_from
 from ghostgpu.controller.kube import (
@@ -19,9 +20,11 @@ from ghostgpu.controller.kube import (
     PODS,
     STATEFULSETS,
     Cluster,
+    NotFound,
     WouldMutate,
 )
 from ghostgpu.controller.ledger import LedgerEntry, ReplicaLedger
+from ghostgpu.controller.managers import register_kinds
 from ghostgpu.controller.reconciler import Snapshot, accounting_from
 
 KIND_ALIASES = {
@@ -41,17 +44,29 @@ class RestoreError(Exception):
     pass
 
 
-def parse_target(target: str, namespace: str) -> WorkloadRef:
+def parse_target(target: str, namespace: str, table: ActuatorTable | None = None) -> WorkloadRef:
+    """KIND/NAME; KIND is a kind of the actuator table in any case, its plural, or an alias."""
+    aliases = dict(KIND_ALIASES)
+    for a in (table or ActuatorTable()).managers:
+        aliases.setdefault(a.kind.lower(), a.kind)
+        aliases.setdefault(a.plural, a.kind)
     kind, sep, name = target.partition("/")
-    if not sep or not name or kind.lower() not in KIND_ALIASES:
-        raise RestoreError(f"expected KIND/NAME with KIND deployment or statefulset, got {target!r}")
-    return WorkloadRef(KIND_ALIASES[kind.lower()], namespace, name)
+    if not sep or not name or kind.lower() not in aliases:
+        known = ", ".join(sorted({v.lower() for v in aliases.values()}))
+        raise RestoreError(f"expected KIND/NAME with KIND one of {known}, got {target!r}")
+    return WorkloadRef(aliases[kind.lower()], namespace, name)
 
 
 @dataclass(frozen=True)
 class Restored:
     ref: WorkloadRef
-    replicas: int
+    replicas: int | None  # None: a manager restored through its actuator (see `what`)
+    what: str = ""
+
+    def summary(self) -> str:
+        if self.replicas is None:
+            return f"restored {self.ref.short} in {self.ref.namespace}: {self.what}"
+        return f"restored {self.ref.short} in {self.ref.namespace} to {self.replicas} replicas"
 
 
 async def restore(
@@ -60,14 +75,34 @@ async def restore(
     *,
     kubeconfig: str | None = None,
     ledger_namespace: str = ControllerConfig().namespace,
+    table: ActuatorTable | None = None,
 ) -> Restored:
     """Scale back to `ghostgpu.io/reclaimed-from-replicas` (the annotation, else the replica
-    ledger in `ledger_namespace`, the controller's namespace) and clear the record."""
-    ref = parse_target(target, namespace)
+    ledger in `ledger_namespace`, the controller's namespace) and clear the record; a manager
+    stopped through an annotation or a field (RayCluster, Notebook, ...) is undone from its
+    `ghostgpu.io/reclaimed-from` record (actuators.py)."""
+    table = table or ActuatorTable()
+    ref = parse_target(target, namespace, table)
     if ref.kind == "Pod":
         raise RestoreError("an evicted bare Pod cannot be scaled back; re-create it from its manifest")
+    register_kinds(table)
     cluster = Cluster(await _kube_api(kubeconfig), instance="ghostgpu-restore")
-    return await restore_workload(cluster, ref, ReplicaLedger(cluster, ledger_namespace))
+    return await restore_any(cluster, ref, ReplicaLedger(cluster, ledger_namespace), table)
+
+
+async def restore_any(
+    cluster: Any, ref: WorkloadRef, ledger: ReplicaLedger, table: ActuatorTable
+) -> Restored:
+    a = table.get(ref.kind)
+    if a is None or a.stop == "scale":
+        return await restore_workload(cluster, ref, ledger)
+    try:
+        done = await stops.restore(cluster, ref, a)
+    except stops.NotReclaimed as exc:
+        raise RestoreError(str(exc)) from None
+    except NotFound:
+        raise RestoreError(f"{ref.short} not found in {ref.namespace}") from None
+    return Restored(ref, None, done.what)
 
 
 async def restore_workload(cluster: Any, ref: WorkloadRef, ledger: ReplicaLedger) -> Restored:
