@@ -325,9 +325,13 @@ def pods_by_workload(
         if ref is None or ref not in workloads:
             continue
         wl = workloads[ref]
-        # A manager's pods are its by controller ownerReferences; a Deployment's or StatefulSet's
-        # must also match its selector (a pod sharing a name prefix is not its pod).
-        if ref.kind in ("Deployment", "StatefulSet") and not selector_matches(wl.selector, pod.labels):
+        # A manager's pods are its by controller ownerReferences, and only its GPU pods are judged
+        # (a RayCluster's CPU head has no GPU series); a Deployment's or StatefulSet's must also
+        # match its selector (a pod sharing a name prefix is not its pod).
+        if ref.kind in ("Deployment", "StatefulSet"):
+            if not selector_matches(wl.selector, pod.labels):
+                continue
+        elif ref.kind != "Pod" and not pod.gpu_requests:
             continue
         out[ref].append(pod)
     for lst in out.values():

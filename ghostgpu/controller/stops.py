@@ -9,6 +9,7 @@ stopped without the record `ghostgpu restore` needs, and a concurrent change mak
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -92,7 +93,9 @@ async def restore(cluster: Any, ref: WorkloadRef, a: Actuator) -> RestoredManage
     patch = {**patch, "metadata": {**patch["metadata"], "annotations": ann_patch}}
     await cluster.patch_object(ref, patch, resource_version=meta.get("resourceVersion"), current=obj)
     restored = ", ".join(
-        f"{p}={'(removed)' if v is None else v}" for p, v in _flatten(patch).items() if "ghostgpu.io" not in p
+        f"{p}={'(removed)' if v is None else json.dumps(v)}"
+        for p, v in _flatten(patch).items()
+        if "ghostgpu.io" not in p
     )
     await cluster.event(obj, reason="Restored", message=f"ghostgpu restore: {ref.short}: {restored}")
     return RestoredManager(ref, restored)

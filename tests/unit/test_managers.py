@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import json
 from collections.abc import Iterable, Mapping
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -512,11 +513,13 @@ async def test_a_finished_raycluster_is_suspended_once_and_stays_so(tmp_path: Pa
     rc = tracked("RayCluster", "ray", creationTimestamp="2026-11-29T07:00:00Z")
     api = FakeApi([rc])
     pods = [pod(f"ray-gpu-{i}", "RayCluster", "ray") for i in range(2)]
+    head = pod("ray-head", "RayCluster", "ray")
+    head = replace(head, gpu_requests={}, gpu_containers=())  # no GPU, no GPU series: not judged
     rec = reconciler(tmp_path, api, [])
     ref = WorkloadRef("RayCluster", NS, "ray")
     judged = []
     for _ in range(4):
-        result = await rec.poll_once(snapshot(api, pods))
+        result = await rec.poll_once(snapshot(api, [head, *pods]))
         judged += [result.judged[ref].pods] if ref in result.judged else []
         assert list(result.judged) in ([], [ref])  # one workload: never a pod or a group on its own
     assert ("RayCluster", "ray", "Reclaimed") in api.events
