@@ -316,14 +316,19 @@ class ManagerInformers:
     def reflectors(self) -> list[Reflector]:
         return [*self.owners, *self.managers]
 
-    def resolve(self, tracked: Mapping[WorkloadRef, Workload], pods: Iterable[PodView]) -> Resolution:
+    def resolve(
+        self,
+        tracked: Mapping[WorkloadRef, Workload],
+        pods: Iterable[PodView],
+        pod_owner: Callable[[str, str], OwnerRef | None] | None = None,
+    ) -> Resolution:
         owners: dict[tuple[str, str, str], OwnerRef | None] = {}
         for kind, r in zip(POD_CONTROLLERS, self.owners, strict=True):
             for (ns, name), owner in r.store.items():
                 if owner is not None:
                     owners[(kind, ns, name)] = owner
         managers = {wl.ref: wl for r in self.managers for wl in r.store.values()}
-        return self.resolver.resolve(tracked, owners, managers, pods)
+        return self.resolver.resolve(tracked, owners, managers, pods, pod_owner)
 
 
 __all__ = [

@@ -63,6 +63,28 @@ def decided_workloads(ctrl: Controller) -> set[str]:
     return {d["workload"] for d in lines if "workload" in d and "verdict" in d}
 
 
+def apply_tracked(dc: DevCluster, doc: dict[str, Any], timeout: float = 90) -> None:
+    """Apply `doc` once the tracking policy labels its kind at admission (probed with dry-runs).
+    Kyverno learns a CRD installed after it started from its CRD watcher (`--crdWatcher`), then
+    registers its webhook for the kind; until then it refuses the kind ("resource ... not found in
+    group") or its webhook is not called yet."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            probe = dc.kube.apply(doc, dry_run=True).to_dict()
+            if (probe["metadata"].get("labels") or {}).get(TRACKED) == "true":
+                dc.kube.apply(doc)
+                return
+            last = "admitted unlabelled"
+        except Exception as exc:
+            if "not found in group" not in str(exc):
+                raise
+            last = str(exc)[-200:]
+        if time.monotonic() > deadline:
+            raise AssertionError(f"the tracking policy never labelled a {doc['kind']} ({last})")
+        time.sleep(1)
+
+
 def apply_crds(dc: DevCluster, files: list[Path]) -> None:
     names = []
     for f in files:
@@ -169,7 +191,7 @@ def test_raycluster_is_tracked_judged_as_one_suspended_kept_suspended_and_restor
     assert not any(applied_bundles.values()), applied_bundles
     ns, name = opted_in, "idle-ray"
     custom = client.CustomObjectsApi(devcluster.kube.api_client)
-    devcluster.kube.apply(raycluster(name, ns, workers=2))
+    apply_tracked(devcluster, raycluster(name, ns, workers=2))
 
     def rc() -> dict[str, Any]:
         return custom.get_namespaced_custom_object("ray.io", "v1", ns, "rayclusters", name)
@@ -262,7 +284,7 @@ def test_notebook_double_scaling_the_child_does_not_stick_stopping_the_owner_doe
     def replicas() -> int:
         return int(apps.read_namespaced_stateful_set(name, ns).spec.replicas)
 
-    devcluster.kube.apply(notebook(name, ns))
+    apply_tracked(devcluster, notebook(name, ns))
     assert nb()["metadata"].get("labels", {}).get(TRACKED) == "true"
     with NotebookControllerDouble(devcluster.kube.api_client, ns) as owner:
         [pod] = wait_for(lambda: running_pods(devcluster, ns, f"statefulset={name}"), 90, "the notebook pod")

@@ -545,3 +545,29 @@ async def test_unknown_owner_gets_zero_writes_and_exactly_one_escalation(tmp_pat
     # Events name the owner, never the child
     assert [e for e in api.events if e[2] == "ReclaimEscalated"] == [("Trainer", "t1", "ReclaimEscalated")]
     assert all(e[0] == "Trainer" for e in api.events)
+
+
+def test_the_controllers_watch_caches_resolve_managers_in_a_snapshot() -> None:
+    """app.Informers wiring: pods, the owner index and the manager caches, as the watches fill them."""
+    from ghostgpu.controller.app import Informers
+    from ghostgpu.controller.inventory import cached_pod
+
+    inf = Informers(None, IS_GPU)
+    rc = tracked("RayCluster", "ray")
+    [rc_cache] = [r for r in inf.managers.managers if r.rtype.kind == "RayCluster"]
+    rc_cache.store[(NS, "ray")] = rc_cache.transform(rc)
+    sts = owned(obj_of("StatefulSet", "lws-0"), "Pod", "lws-0")  # a LeaderWorkerSet group
+    [sts_cache] = [r for r in inf.managers.owners if r.rtype.kind == "StatefulSet"]
+    sts_cache.store[(NS, "lws-0")] = sts_cache.transform(sts)
+    for name in ("ray-gpu-0", "ray-gpu-1"):
+        p = {
+            "metadata": {"name": name, "namespace": NS, "uid": name,
+                         "ownerReferences": [{"kind": "RayCluster", "name": "ray", "controller": True}]},
+            "spec": {"nodeName": "n", "containers": [{"name": "w", "resources": GPU}]},
+            "status": {"phase": "Running"},
+        }  # fmt: skip
+        inf.pods.store[(NS, name)] = cached_pod(p, IS_GPU)
+    snap = inf.snapshot([])
+    ref = WorkloadRef("RayCluster", NS, "ray")
+    assert list(snap.workloads) == [ref]
+    assert snap.top_of is not None and {snap.top_of(p) for p in snap.pods} == {ref}
