@@ -571,3 +571,25 @@ def test_the_controllers_watch_caches_resolve_managers_in_a_snapshot() -> None:
     ref = WorkloadRef("RayCluster", NS, "ray")
     assert list(snap.workloads) == [ref]
     assert snap.top_of is not None and {snap.top_of(p) for p in snap.pods} == {ref}
+
+
+@pytest.mark.parametrize("kind", [a.kind for a in builtin_actuators() if a.stop == "scale"])
+async def test_scale_actuators_stop_and_restore_through_the_scale_subresource(
+    tmp_path: Path, kind: str
+) -> None:
+    from ghostgpu.controller.ledger import ReplicaLedger
+    from ghostgpu.controller.ops import restore_any
+
+    o = tracked(kind, "w")
+    api = FakeApi([o])
+    ref = FakeApi.ref(o)
+    rec = reconciler(tmp_path, api, [])
+    wl = workload_from(kind, o, IS_GPU) if kind != "LeaderWorkerSet" else (
+        manager_workload(TABLE.by_kind[kind], o, IS_GPU))  # fmt: skip
+    assert await rec.scale_to_zero(wl, reclaimable()) == "scaled-to-zero"
+    assert api.objects[ref]["spec"]["replicas"] == 0 and TABLE.by_kind[kind].is_stopped(api.objects[ref])
+    n = o["spec"]["replicas"]
+    assert api.objects[ref]["metadata"]["annotations"]["ghostgpu.io/reclaimed-from-replicas"] == str(n)
+    done = await restore_any(api, ref, ReplicaLedger(api, "ghostgpu-system"), TABLE)  # type: ignore[arg-type]
+    assert done.replicas == n and api.objects[ref]["spec"]["replicas"] == n
+    assert "ghostgpu.io/reclaimed-from-replicas" not in api.objects[ref]["metadata"]["annotations"]
