@@ -265,9 +265,11 @@ class Resolver:
 
 
 class OptionalReflector(Reflector):
-    """A watch of a kind whose CRD may not be installed: a 404 on the list leaves the cache empty
-    and synced (readiness does not wait for an operator the cluster does not run), and the list is
-    tried again every `recheck` seconds, so a CRD installed later is picked up."""
+    """A watch of a kind whose CRD may not be installed, or that the controller may not be allowed
+    to list (RBAC rendered before the kind was added): a failed first list leaves the cache empty
+    and synced (readiness does not wait for an operator the cluster does not run) and is tried
+    again every `recheck` seconds, so a CRD installed later is picked up. An empty cache is safe:
+    a pod whose owner is of a known kind but not in the cache is not judged at all."""
 
     def __init__(self, *args: Any, recheck: float = 60.0, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -279,20 +281,19 @@ class OptionalReflector(Reflector):
         while True:
             try:
                 await self._list()
-            except ServerError as exc:
-                if status_of(exc) != 404:
-                    raise
-                self.store = {}
-                self.synced.set()
-                await asyncio.sleep(self.recheck)
-                continue
+                break
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
-                log.warning("list failed", extra={"resource": self.rtype.plural, "error": str(exc)[:300]})
-                await asyncio.sleep(self.recheck / 4)
-                continue
-            await super().run()  # listed once: the plain reflector relists and watches from here
+                missing = isinstance(exc, ServerError) and status_of(exc) == 404
+                (log.info if missing else log.warning)(
+                    "manager kind not listed, retrying later",
+                    extra={"resource": self.rtype.plural, "error": f"{type(exc).__name__}: {str(exc)[:200]}"},
+                )
+                self.store = {}
+                self.synced.set()
+                await asyncio.sleep(self.recheck)
+        await super().run()  # listed once: the plain reflector lists again and watches from there
 
 
 class ManagerInformers:

@@ -593,3 +593,32 @@ async def test_scale_actuators_stop_and_restore_through_the_scale_subresource(
     done = await restore_any(api, ref, ReplicaLedger(api, "ghostgpu-system"), TABLE)  # type: ignore[arg-type]
     assert done.replicas == n and api.objects[ref]["spec"]["replicas"] == n
     assert "ghostgpu.io/reclaimed-from-replicas" not in api.objects[ref]["metadata"]["annotations"]
+
+
+@pytest.mark.parametrize("code", [404, 403])
+async def test_a_manager_kind_that_cannot_be_listed_is_empty_and_synced(code: int) -> None:
+    """No CRD (404) or no RBAC for it yet (403): readiness does not wait, and the list is retried."""
+    import asyncio
+    import contextlib
+
+    import httpx
+    from kr8s._exceptions import ServerError
+
+    from ghostgpu.controller.managers import OptionalReflector, resource_type
+
+    calls: list[str] = []
+
+    class Api:
+        def call_api(self, method: str, **kw: Any) -> Any:
+            calls.append(kw["url"])
+            resp = httpx.Response(code, request=httpx.Request("GET", "http://x"))
+            raise ServerError(f"HTTP {code}", status=str(code), response=resp)
+
+    r = OptionalReflector(Api(), resource_type(TABLE.by_kind["RayCluster"]), recheck=0.01)
+    task = asyncio.ensure_future(r.run())
+    await asyncio.wait_for(r.synced.wait(), 1)
+    await asyncio.sleep(0.05)
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    assert r.store == {} and len(calls) >= 2 and calls[0] == "rayclusters"
