@@ -11,7 +11,14 @@ from ghostgpu.controller import keys, stops
 from ghostgpu.controller.accounting import FlavorAccount, FlavorSpec, node_flavor
 from ghostgpu.controller.actuators import ActuatorTable
 from ghostgpu.controller.app import LoadedConfig, _kube_api, _slim_node, discover_flavors
-from ghostgpu.controller.inventory import WorkloadRef, gpu_predicate, pod_view, workload_from
+from ghostgpu.controller.inventory import (
+    OwnerRef,
+    WorkloadRef,
+    controller_owner,
+    gpu_predicate,
+    pod_view,
+    workload_from,
+)
 from ghostgpu.controller.kube import (
     CLUSTERQUEUES,
     DEPLOYMENTS,
@@ -24,7 +31,7 @@ from ghostgpu.controller.kube import (
     WouldMutate,
 )
 from ghostgpu.controller.ledger import LedgerEntry, ReplicaLedger
-from ghostgpu.controller.managers import register_kinds
+from ghostgpu.controller.managers import Resolver, manager_workload, register_kinds, resource_type
 from ghostgpu.controller.reconciler import Snapshot, accounting_from
 
 KIND_ALIASES = {
@@ -200,8 +207,12 @@ async def status(loaded: LoadedConfig, *, kubeconfig: str | None = None) -> list
     is_gpu = gpu_predicate([f.resource for f in loaded.flavors or []])
     flavors: list[FlavorSpec] = loaded.flavors or await discover_flavors(cluster, is_gpu)
     tracked: dict[WorkloadRef, Any] = {}
+    chain: dict[tuple[str, str, str], OwnerRef | None] = {}  # Deployment/StatefulSet -> its owner
     for kind, rt in (("Deployment", DEPLOYMENTS), ("StatefulSet", STATEFULSETS), ("Pod", PODS)):
         for obj in await cluster.list(rt):
+            meta = obj.get("metadata") or {}
+            if kind != "Pod":
+                chain[(kind, meta.get("namespace", ""), meta.get("name", ""))] = controller_owner(meta)
             labels = (obj.get("metadata") or {}).get("labels") or {}
             if labels.get(keys.TRACKED_LABEL) != "true":
                 continue
@@ -223,5 +234,23 @@ async def status(loaded: LoadedConfig, *, kubeconfig: str | None = None) -> list
         cqs = await cluster.list(CLUSTERQUEUES)
     except Exception:
         cqs = []
-    snap = Snapshot(namespaces=namespaces, workloads=tracked, pods=pods, nodes=nodes)
+    # The workloads at the top of their owner chains, as the controller sees them (managers.py).
+    table = ActuatorTable(loaded.controller.actuators)
+    managers: dict[WorkloadRef, Any] = {}
+    for a in table.managers:
+        try:
+            objs = await cluster.list(resource_type(a))
+        except Exception:  # no CRD, or no right to read it: that kind has no workload here
+            continue
+        for obj in objs:
+            wl = manager_workload(a, obj, is_gpu)
+            managers[wl.ref] = wl
+    by_pod = {(p.namespace, p.name): p for p in pods}
+
+    def pod_owner(ns: str, name: str) -> OwnerRef | None:
+        v = by_pod.get((ns, name))
+        return OwnerRef(v.owner_kind, v.owner_name or "", "", "") if v and v.owner_kind else None
+
+    res = Resolver(table).resolve(tracked, chain, managers, pods, pod_owner)
+    snap = Snapshot(namespaces=namespaces, workloads=res.workloads, pods=pods, nodes=nodes, top_of=res.top_of)
     return accounting_from(flavors, snap, cqs)
