@@ -405,7 +405,9 @@ class Reconciler:
             )
             verdict = decide(evidence, self.policy)
             recorded = _recorded(wl, pods)
-            previous = _verdict_of(recorded)
+            # An owner with no actuator carries no verdict annotation (nothing is written to it):
+            # its previous verdict is this process's memory, so its Events follow verdict changes.
+            previous = st.last_verdict if wl.no_actuator else _verdict_of(recorded)
             team = snap.namespaces.get(ref.namespace, {}).get(keys.TEAM_LABEL)
             p = plan(wl, verdict, previous, self.cfg, team=team, autonomy=self.autonomy)
             result.judged[ref] = Judged(wl, pods, verdict, evidence, p)
@@ -418,7 +420,7 @@ class Reconciler:
                 if verdict.kind not in RECLAIMABLE_KINDS:
                     st.escalated_for = st.blocked_for = None  # re-arm: a later ghost is announced again
                 if p.action in _NO_ACTION:
-                    if p.record or _reasons_changed(recorded, verdict):
+                    if p.record or (not wl.no_actuator and _reasons_changed(recorded, verdict)):
                         records.append((wl, pods, st, verdict, evidence, p))
                     continue  # most workloads on most polls: nothing to write, no apply() call
                 # Reclaims and escalations: one at a time, in order (the ledger ConfigMap is shared).

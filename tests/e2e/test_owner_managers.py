@@ -378,6 +378,7 @@ def test_unknown_owner_zero_writes_to_the_child_one_escalation(
         )
         ctrl.wait_polls(3 * WINDOW)
         assert events(devcluster, ns, "t1", "ReclaimEscalated", "Trainer") == 1
+        assert events(devcluster, ns, "t1", "VerdictFinishedIdle", "Trainer") == 1  # not one per poll
         dep = apps.read_namespaced_deployment("t1-job", ns)
         assert dep.spec.replicas == 1
         assert not [k for k in dep.metadata.annotations or {} if k.startswith("ghostgpu.io/")]

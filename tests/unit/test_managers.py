@@ -545,6 +545,8 @@ async def test_unknown_owner_gets_zero_writes_and_exactly_one_escalation(tmp_pat
     # Events name the owner, never the child
     assert [e for e in api.events if e[2] == "ReclaimEscalated"] == [("Trainer", "t1", "ReclaimEscalated")]
     assert all(e[0] == "Trainer" for e in api.events)
+    # its verdict is remembered in memory (it carries no annotation): one Event per change, not per poll
+    assert [e[2] for e in api.events if e[2].startswith("Verdict")] == ["VerdictFinishedIdle"]
 
 
 def test_the_controllers_watch_caches_resolve_managers_in_a_snapshot() -> None:
