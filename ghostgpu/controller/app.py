@@ -40,7 +40,6 @@ from ghostgpu.controller.ledger import ReplicaLedger
 from ghostgpu.controller.metrics import ControllerMetrics
 from ghostgpu.controller.reconciler import PollResult, Reconciler, Snapshot, accounting_from
 from ghostgpu.controller.reservation import (
-    RELEASING_OUTCOMES,
     ReservationMetrics,
     Reservations,
     desired_from,
@@ -338,15 +337,13 @@ async def reserve(
     *,
     leader: bool,
 ) -> None:
-    """controller.reservation, once per poll after the reconcile: the GPUs held outside Kueue now
-    (minus what this poll reclaimed) reserved in each team's ClusterQueue (reservation.py)."""
+    """controller.reservation, once per poll after the reconcile: the GPUs held outside Kueue (as the
+    poll's snapshot shows them) reserved in each team's ClusterQueue (reservation.py)."""
     try:
         lqs = await reservations.local_queues()
-        released = [ref for ref, outcome in result.actions if outcome in RELEASING_OUTCOMES]
         desired = desired_from(
-            flavors, snap, cqs, lqs, local_queue=reservations.local_queue, pods_of=result.pods_of,
-            released=released,
-        )  # fmt: skip
+            flavors, snap, cqs, lqs, local_queue=reservations.local_queue, pods_of=result.pods_of
+        )
         report = await reservations.reconcile(
             desired,
             flavors,

@@ -5,7 +5,8 @@ holds 4 of a team's 8 GPUs leaves Kueue free to admit an 8-GPU Job whose pods th
 Here the controller keeps one owner-less placeholder Workload per (holder, flavor) in the holder's
 namespace, queued in the LocalQueue `controller.reservationQueue` (whose ClusterQueue is the team's):
 Kueue admits and counts it like any other Workload, so the team's quota shrinks by what is held,
-and the placeholder goes as soon as the holder's pods are reclaimed, scaled down or deleted.
+and the placeholder goes at the first poll after the holder's pods are gone (reclaimed, scaled
+down, deleted).
 Why placeholders and not a trimmed nominalQuota: docs/reservation.md (measured on v0.17 and v0.19).
 
 The placeholder:
@@ -140,16 +141,15 @@ def desired_reservations(
     cluster_queues: Mapping[str, Mapping[str, set[str]]],
     *,
     local_queue: str,
-    released: Iterable[WorkloadRef] = (),
 ) -> list[Reservation]:
     """What must be reserved now, sorted. A GPU counts when a tracked workload in an opted-in
-    namespace with a team label holds it: its pod is scheduled, not finished and not being deleted
-    (whatever its verdict: idle GPUs are held until reclaimed), it is not Kueue's own pod, and the
-    workload was not reclaimed in this poll (`released`). It counts in the ClusterQueue of the
-    namespace's LocalQueue (`queues`), on the first flavor of that ClusterQueue whose node labels
-    the pod's node carries; GPUs on nodes of no flavor of that ClusterQueue are not in its quota and
-    reserve nothing. Fractional counts round up (a quota is counted in whole GPUs)."""
-    gone = set(released)
+    namespace with a team label holds it: its pod is scheduled and not finished (whatever its
+    verdict: idle GPUs are held until reclaimed; a terminating pod too, as the scheduler still counts
+    it until it is gone: releasing earlier would let Kueue admit pods that cannot be scheduled yet),
+    and it is not Kueue's own pod. It counts in the ClusterQueue of the namespace's LocalQueue
+    (`queues`), on the first flavor of that ClusterQueue whose node labels the pod's node carries;
+    GPUs on nodes of no flavor of that ClusterQueue are not in its quota and reserve nothing.
+    Fractional counts round up (a quota is counted in whole GPUs)."""
     node_flavor_names = {
         str((n.get("metadata") or {}).get("name", "")): [f for f in node_flavors_of(n, flavors)]
         for n in nodes
@@ -157,7 +157,7 @@ def desired_reservations(
     totals: dict[tuple[str, str, str, str, str, str], float] = {}
     for ref, wl in workloads.items():
         labels = namespaces.get(ref.namespace)
-        if ref in gone or labels is None or not namespace_opted_in(labels):
+        if labels is None or not namespace_opted_in(labels):
             continue
         team = labels.get(keys.TEAM_LABEL)
         cq = queues.get(ref.namespace)
@@ -165,7 +165,7 @@ def desired_reservations(
             continue
         quota = cluster_queues.get(cq, {})
         for pod in pods_of.get(ref, ()):
-            if not pod.holds_gpus or pod.deleting or kueue_owned(pod, wl):
+            if not pod.holds_gpus or kueue_owned(pod, wl):
                 continue
             for f in node_flavor_names.get(pod.node_name or "", []):
                 count = pod.gpu_requests.get(f.resource, 0.0)
@@ -487,7 +487,6 @@ def desired_from(
     *,
     local_queue: str,
     pods_of: Mapping[WorkloadRef, Sequence[PodView]] | None = None,
-    released: Iterable[WorkloadRef] = (),
 ) -> list[Reservation]:
     """desired_reservations over a reconciler.Snapshot and the listed Kueue objects."""
     if pods_of is None:
@@ -506,12 +505,7 @@ def desired_from(
         queues_of(local_queues, local_queue),
         cq_flavors(cluster_queues),
         local_queue=local_queue,
-        released=released,
     )
-
-
-# Outcomes of Reconciler.apply after which the workload's GPUs are being given back.
-RELEASING_OUTCOMES = frozenset({"scaled-to-zero", "evict-evicted"})
 
 
 def fill_accounts(

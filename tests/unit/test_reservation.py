@@ -105,7 +105,6 @@ def desired(
     namespaces: dict[str, dict[str, str]] | None = None,
     cqs: list[dict[str, Any]] | None = None,
     lqs: list[dict[str, Any]] | None = None,
-    released: tuple[Any, ...] = (),
 ) -> list[Reservation]:
     workloads = {w.ref: w for w in (workload_from("Deployment", d, IS_GPU) for d in deps)}
     views = [pod_view(p, IS_GPU) for p in pods]
@@ -118,7 +117,6 @@ def desired(
         queues_of(lqs if lqs is not None else [lq("ns-a", "default", "cq-vision")], "default"),
         cq_flavors(cqs if cqs is not None else [cq("cq-vision", "h100", "a100")]),
         local_queue="default",
-        released=released,
     )
 
 
@@ -141,7 +139,6 @@ def test_pods_on_two_flavors_make_two_reservations() -> None:
         ("not scheduled: holds nothing", pod("x", node=None, phase="Pending")),
         ("finished", pod("x", phase="Succeeded")),
         ("failed", pod("x", phase="Failed")),
-        ("being deleted (reclaimed, scaled down)", pod("x", deleting=True)),
         ("Kueue's own pod: counted by Kueue", pod("x", labels={"kueue.x-k8s.io/managed": "true"})),
         ("defaulted into a queue by Kueue", pod("x", labels={"kueue.x-k8s.io/queue-name": "default"})),
     ],
@@ -155,10 +152,11 @@ def test_a_workload_kueue_defaulted_into_a_queue_is_not_counted_twice() -> None:
     assert desired([dep], [pod("x")]) == []
 
 
-def test_the_reclaim_of_this_poll_releases_at_once() -> None:
-    dep = deployment("x")
-    ref = workload_from("Deployment", dep, IS_GPU).ref
-    assert desired([dep], [pod("x")], released=(ref,)) == []
+def test_a_terminating_pod_stays_reserved_until_it_is_gone() -> None:
+    # The scheduler counts it until it is gone: releasing earlier lets Kueue admit unschedulable pods.
+    [r] = desired([deployment("x")], [pod("x", deleting=True)])
+    assert r.gpus == 4
+    assert desired([deployment("x")], []) == []
 
 
 @pytest.mark.parametrize(
