@@ -15,6 +15,7 @@ so an admitted placeholder that never got PodsReady=True would block every admis
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
 import subprocess
@@ -136,16 +137,20 @@ class Team:
         evs = self.core.list_namespaced_event(self.ns, field_selector="reason=FailedScheduling").items
         return sorted({e.involved_object.name for e in evs if e.involved_object.name.startswith(prefix)})
 
-    def status(self) -> dict[str, Any]:
+    def status(self, cfg: Path | None = None) -> dict[str, Any]:
+        """`ghostgpu status --json` for this team's flavor (with the controller's config: the
+        reservation queue is read from it)."""
         out = subprocess.run(
             [sys.executable, "-m", "ghostgpu.cli", "status", "--json",
-             "--kubeconfig", str(self.dc.kubeconfig)],
+             "--kubeconfig", str(self.dc.kubeconfig), *(["--config", str(cfg)] if cfg else [])],
             capture_output=True, text=True, check=True, cwd=REPO,
         )  # fmt: skip
         return next(a for a in json.loads(out.stdout) if a["flavor"] == self.flavor)
 
     def delete_job(self, name: str) -> None:
-        self.dc.kube.delete("batch/v1", "Job", name, self.ns)
+        # Background propagation: the Job API's default orphans the pods.
+        with contextlib.suppress(client.ApiException):
+            self.batch.delete_namespaced_job(name, self.ns, propagation_policy="Background")
         wait_for(lambda: self.workload_of(name) is None and not self.job_pods(name), 60, f"{name} gone")
 
 
@@ -188,7 +193,8 @@ def team(
     finally:
         process_tables.clear(ns, pod)
         for job in ("big", "small", "big-unreserved"):
-            kube.delete("batch/v1", "Job", job, ns)
+            with contextlib.suppress(client.ApiException):
+                t.batch.delete_namespaced_job(job, ns, propagation_policy="Background")
         for w in t.workloads(PLACEHOLDERS):
             kube.delete("/".join(KUEUE), "Workload", w["metadata"]["name"], ns)
         for obj in reversed(objs):
@@ -228,7 +234,8 @@ def test_enforce_reserves_held_gpus_and_releases_them_on_reclaim(
     tmp_path: Path,
 ) -> None:
     t, pod = team
-    ctl = Controller(devcluster.kubeconfig, config(tmp_path, prometheus_url, "enforce"), tmp_path, "enforce")
+    cfg = config(tmp_path, prometheus_url, "enforce")
+    ctl = Controller(devcluster.kubeconfig, cfg, tmp_path, "enforce")
     try:
         seen = time.monotonic()
         ph = wait_for(
@@ -241,7 +248,7 @@ def test_enforce_reserves_held_gpus_and_releases_them_on_reclaim(
         assert name == "ghostgpu-reserve-deployment-x-" + t.flavor + "-4"
         assert ph[0]["Admitted"] == "True"
         wait_for(lambda: t.cq_usage() == 4, 30, "Kueue to count the 4 held GPUs")
-        st = t.status()
+        st = t.status(cfg)
         assert (st["heldOutsideKueue"], st["reservedOutsideKueue"], st["reservationDesired"]) == (4, 4, 4)
         assert st["kueueAdmitted"] == 4 and st["gap"] == 0
         assert ctl.metric("ghostgpu_reservation_gpus", cluster_queue=t.cq, mode="enforce") == 4
@@ -297,16 +304,15 @@ def test_shadow_writes_nothing_to_kueue_and_reports_the_same_numbers(
 ) -> None:
     t, _ = team
     before = {w["metadata"]["name"] for w in t.workloads(all_namespaces=True)}
-    ctl = Controller(
-        devcluster.kubeconfig, config(tmp_path, prometheus_url, "shadow", mode="shadow"), tmp_path, "shadow"
-    )
+    cfg = config(tmp_path, prometheus_url, "shadow", mode="shadow")
+    ctl = Controller(devcluster.kubeconfig, cfg, tmp_path, "shadow")
     try:
         ctl.wait_polls(3)
         assert ctl.metric("ghostgpu_reservation_gpus", cluster_queue=t.cq, mode="shadow") == 4
         assert ctl.metric("ghostgpu_reservation_admitted_gpus", cluster_queue=t.cq) == 0
         assert t.placeholders() == {}
         assert {w["metadata"]["name"] for w in t.workloads(all_namespaces=True)} == before
-        st = t.status()
+        st = t.status(cfg)
         assert (st["heldOutsideKueue"], st["reservationDesired"], st["reservedOutsideKueue"]) == (4, 4, 0)
         assert st["gap"] == 4  # shadow closes nothing
         assert t.cq_usage() == 0
@@ -343,7 +349,7 @@ def test_controller_killed_mid_update_leaves_nothing_behind(
         wait_for(lambda: t.cq_usage() == 2, 30, "Kueue counts exactly the 2 held GPUs")
         second.wait_polls(2)
         assert set(t.placeholders()) == want and t.cq_usage() == 2
-        st = t.status()
+        st = t.status(cfg)
         assert (st["heldOutsideKueue"], st["reservedOutsideKueue"], st["gap"]) == (2, 2, 0)
     finally:
         first.stop()
