@@ -7,6 +7,7 @@ KUEUE_EXTRA_VERSIONS): a live Deployment that bypassed Kueue holds 4 of a team's
   within 2 polls; no admitted pod ever waits for the scheduler.
 - Shadow mode writes nothing to Kueue and reports the same numbers.
 - A controller killed mid-update leaves placeholders that the next one brings back to what is held.
+- Two teams in a cohort: a reservation within A's quota leaves B nothing to borrow.
 - Trimming nominalQuota instead (the other mechanism, docs/reservation.md) is measured too.
 
 The devcluster's Kueue runs the rendered Configuration: waitForPodsReady with blockAdmission true,
@@ -36,7 +37,7 @@ from test_controller import LEASE_NS, Controller, deployment, wait_for
 from ghostgpu.controller.reservation import Reservation, placeholder_object
 from ghostgpu.devcluster import DevCluster, FakeDcgmClient, ProcessTables
 
-pytestmark = [pytest.mark.e2e, pytest.mark.kueue, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.kueue, pytest.mark.timeout(600)]
 
 REPO = Path(__file__).resolve().parents[2]
 POLL = 2  # seconds
