@@ -471,6 +471,7 @@ def _controller_context(cfg: c.GhostgpuConfig) -> dict[str, Any]:
         "controller_yaml": controller_yaml,
         "namespaced_role": NAMESPACED_ROLE,
         "kueue_nudge": ctrl.kueue_nudge,
+        "reservation": ctrl.reservation,
         "service_monitor": ctrl.service_monitor.enabled,
         "service_monitor_interval": str(ctrl.service_monitor.interval),
         "service_monitor_labels": {**labels, **ctrl.service_monitor.labels},

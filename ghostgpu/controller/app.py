@@ -39,6 +39,12 @@ from ghostgpu.controller.leader import LeaderElector
 from ghostgpu.controller.ledger import ReplicaLedger
 from ghostgpu.controller.metrics import ControllerMetrics
 from ghostgpu.controller.reconciler import PollResult, Reconciler, Snapshot, accounting_from
+from ghostgpu.controller.reservation import (
+    ReservationMetrics,
+    Reservations,
+    desired_from,
+    fill_accounts,
+)
 from ghostgpu.controller.server import HealthServer
 from ghostgpu.signals.artifacts import FileArtifactProbe, S3ArtifactProbe
 from ghostgpu.signals.podexec import KubeExec
@@ -228,6 +234,10 @@ async def run_controller(
         nudge_nodes=cfg.kueue_nudge if kueue_nudge is None else kueue_nudge,
         ledger=ReplicaLedger(cluster, cfg.namespace),
     )
+    reservations = Reservations(
+        api, mode=cfg.reservation, local_queue=cfg.reservation_queue, emit_event=cluster.event
+    )
+    reservation_metrics = ReservationMetrics(metrics.registry)
     interval = cfg.poll_interval.seconds
     started = time.time()
 
@@ -284,9 +294,13 @@ async def run_controller(
                     cqs = await cluster.list(CLUSTERQUEUES)
                 except Exception:
                     cqs = []  # no Kueue (yet): the gap is still measured against the nodes
-                metrics.set_accounting(
-                    accounting_from(flavors or [], snap, cqs, result.judged, result.pods_of)
-                )
+                accounts = accounting_from(flavors or [], snap, cqs, result.judged, result.pods_of)
+                if cfg.reservation != "off":
+                    await reserve(
+                        reservations, reservation_metrics, flavors or [], snap, cqs, result, accounts,
+                        leader=elector.is_leader(),
+                    )  # fmt: skip
+                metrics.set_accounting(accounts)
             except Exception as exc:  # one bad poll must not end the controller; /healthz tells
                 log.exception("poll failed", extra={"error": f"{type(exc).__name__}: {exc}"})
             polls += 1
@@ -310,6 +324,44 @@ async def run_controller(
         await server.stop()
         await prom.aclose()
         log.info("controller stopped", extra={"identity": identity})
+
+
+async def reserve(
+    reservations: Reservations,
+    rmetrics: ReservationMetrics,
+    flavors: Sequence[FlavorSpec],
+    snap: Snapshot,
+    cqs: Sequence[Mapping[str, Any]],
+    result: PollResult,
+    accounts: Sequence[Any],
+    *,
+    leader: bool,
+) -> None:
+    """controller.reservation, once per poll after the reconcile: the GPUs held outside Kueue (as the
+    poll's snapshot shows them) reserved in each team's ClusterQueue (reservation.py)."""
+    try:
+        lqs = await reservations.local_queues()
+        desired = desired_from(
+            flavors, snap, cqs, lqs, local_queue=reservations.local_queue, pods_of=result.pods_of
+        )
+        report = await reservations.reconcile(
+            desired,
+            flavors,
+            leader=leader,
+            local_queues=lqs,
+            now=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        )
+    except Exception as exc:  # no Kueue (yet), an apiserver error: next poll tries again
+        log.warning("reservation failed", extra={"error": f"{type(exc).__name__}: {exc}"})
+        return
+    rmetrics.set(report)
+    fill_accounts(accounts, report.desired, report.admitted)
+    if report.created or report.deleted or report.errors:
+        log.info(
+            "reservations",
+            extra={"mode": report.mode, "desired": [f"{r.namespace}/{r.name}" for r in report.desired],
+                   "created": report.created, "deleted": report.deleted, "errors": report.errors},
+        )  # fmt: skip
 
 
 def _s3_possible() -> bool:

@@ -189,4 +189,33 @@ async def status(loaded: LoadedConfig, *, kubeconfig: str | None = None) -> list
     except Exception:
         cqs = []
     snap = Snapshot(namespaces=namespaces, workloads=tracked, pods=pods, nodes=nodes)
-    return accounting_from(flavors, snap, cqs)
+    accounts = accounting_from(flavors, snap, cqs)
+    await _fill_reservations(cluster, loaded, flavors, snap, cqs, accounts)
+    return accounts
+
+
+async def _fill_reservations(
+    cluster: Cluster, loaded: LoadedConfig, flavors: list[FlavorSpec], snap: Snapshot, cqs: Any, accounts: Any
+) -> None:
+    """What the reservation counts (controller.reservation) and what Kueue admitted of it."""
+    from ghostgpu.controller.reservation import (
+        LOCALQUEUES,
+        RESERVATION_LABEL,
+        WORKLOADS,
+        Placeholder,
+        admitted_by_flavor,
+        desired_from,
+        fill_accounts,
+    )
+
+    try:
+        lqs = await cluster.list(LOCALQUEUES)
+        placeholders = [
+            Placeholder.from_object(w)
+            for w in await cluster.list(WORKLOADS)
+            if ((w.get("metadata") or {}).get("labels") or {}).get(RESERVATION_LABEL) == "true"
+        ]
+    except Exception:
+        return  # no Kueue: nothing reserved
+    desired = desired_from(flavors, snap, cqs, lqs, local_queue=loaded.controller.reservation_queue)
+    fill_accounts(accounts, desired, admitted_by_flavor(placeholders))
