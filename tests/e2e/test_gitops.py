@@ -505,3 +505,34 @@ async def test_faults_during_the_action_never_reclaim_falsely_nor_lose_records(
             await r.stop()
         black_hole.close()
         await asyncio.to_thread(kube.delete, "argoproj.io/v1alpha1", "Application", app, ARGOCD_NS)
+
+
+def test_the_gpu_workloads_example_validates_and_clears_the_preflight(
+    devcluster: DevCluster, gitops_ns: str
+) -> None:
+    """examples/argocd/gpu-workloads.yaml against the real Application CRD (server-side dry run),
+    and the pre-flight on what the apiserver would store."""
+    from ghostgpu.controller.gitops import (
+        ARGOCD_TRACKING_ID,
+        ManagerKind,
+        ManagerRef,
+        Target,
+        argocd_preflight,
+    )
+    from ghostgpu.controller.stopspec import SCALE_TO_ZERO
+
+    doc = yaml.safe_load(
+        (Path(__file__).resolve().parents[2] / "examples/argocd/gpu-workloads.yaml").read_text()
+    )
+    stored = devcluster.kube.apply(doc, field_manager="gitops-example-test", dry_run=True).to_dict()
+    assert stored["spec"]["ignoreDifferences"] == doc["spec"]["ignoreDifferences"]  # nothing pruned
+    ref = ManagerRef(ManagerKind.APPLICATION, None, doc["metadata"]["name"], ARGOCD_TRACKING_ID)
+    for kind in ("Deployment", "StatefulSet"):
+        pre = argocd_preflight(
+            stored,
+            Target("apps", kind, "team-a", "x"),
+            SCALE_TO_ZERO.writes,
+            field_manager="ghostgpu-controller",
+            ref=ref,
+        )
+        assert not pre.blocks, pre.reason

@@ -363,3 +363,23 @@ async def test_no_manager_or_a_missing_one_is_clear() -> None:
     helm = deployment(labels={"app.kubernetes.io/instance": "gpu"})  # Helm's label, no Application
     pre = await pf.check(helm, WRITES)
     assert pre.outcome is Outcome.CLEAR and "Helm" in pre.reason
+
+
+def test_the_argocd_example_for_gpu_workloads_keeps_every_stop() -> None:
+    """examples/argocd/gpu-workloads.yaml carries the fix for what ghostgpu writes."""
+    from pathlib import Path
+
+    from ghostgpu.controller.stopspec import SCALE_TO_ZERO
+
+    example = yaml.safe_load(
+        (Path(__file__).resolve().parents[2] / "examples" / "argocd" / "gpu-workloads.yaml").read_text()
+    )
+    ref = ManagerRef(ManagerKind.APPLICATION, None, example["metadata"]["name"], ARGOCD_TRACKING_ID)
+    for kind in ("Deployment", "StatefulSet"):
+        target = Target("apps", kind, "team-a", "any")
+        pre = argocd_preflight(example, target, SCALE_TO_ZERO.writes, field_manager=FM, ref=ref)
+        assert pre.outcome is Outcome.CLEAR, pre.reason
+    # And it is the fix: without it, the same Application reverts.
+    bare = {**example, "spec": {k: v for k, v in example["spec"].items() if k != "ignoreDifferences"}}
+    target = Target("apps", "Deployment", "team-a", "any")
+    assert argocd_preflight(bare, target, SCALE_TO_ZERO.writes, field_manager=FM, ref=ref).blocks
