@@ -24,6 +24,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, ClassVar
+from urllib.parse import urlsplit
 
 import pytest
 import yaml
@@ -31,7 +32,7 @@ from kubernetes import client
 from proctables import FINISHED
 
 # The fixture `noexec_kubeconfig`: a user that may read pods and nothing else (no applications).
-from test_faults import noexec_kubeconfig as _noexec_fixture  # noqa: F401
+from test_faults import noexec_kubeconfig  # noqa: F401
 
 from ghostgpu.config import ControllerConfig
 from ghostgpu.controller.app import Informers
@@ -167,7 +168,9 @@ class Rig:
         import kr8s.asyncio
 
         api = await kr8s.asyncio.api(kubeconfig=str(self.dc.kubeconfig))
-        reader_api = await kr8s.asyncio.api(kubeconfig=str(reader_kubeconfig)) if reader_kubeconfig else api
+        reader_api = api
+        if reader_kubeconfig is not None:  # kr8s asks the apiserver for its version here: bounded
+            reader_api = await asyncio.wait_for(kr8s.asyncio.api(kubeconfig=str(reader_kubeconfig)), 30)
         self.informers = Informers(api, gpu_predicate(["nvidia.com/gpu"]))
         self.tasks = [asyncio.create_task(r.run()) for r in self.informers.all]
         await asyncio.wait_for(self.informers.wait_synced(), 60)
@@ -407,6 +410,45 @@ async def test_flux_kustomization_blocks_until_it_ignores_replicas(
 # --- faults during the action ----------------------------------------------------------------------
 
 
+class FreezingRelay:
+    """A TCP relay to the apiserver that can stop relaying: every request through it then hangs,
+    on connections already open and new ones alike (kr8s's client is built while it flows)."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self.host, self.port = host, port
+        self.flowing = asyncio.Event()
+        self.flowing.set()
+        self.tasks: set[asyncio.Task[None]] = set()
+
+    async def start(self) -> int:
+        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        return int(self.server.sockets[0].getsockname()[1])
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        up_reader, up_writer = await asyncio.open_connection(self.host, self.port)
+        for src, dst in ((reader, up_writer), (up_reader, writer)):
+            task = asyncio.create_task(self._pipe(src, dst))
+            self.tasks.add(task)
+            task.add_done_callback(self.tasks.discard)
+
+    async def _pipe(self, src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+        try:
+            while data := await src.read(65536):
+                await self.flowing.wait()
+                dst.write(data)
+                await dst.drain()
+        except (ConnectionError, asyncio.CancelledError):
+            pass
+        finally:
+            dst.close()
+
+    async def close(self) -> None:
+        self.server.close()
+        for task in list(self.tasks):
+            task.cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+
+
 class FaultyCluster(Cluster):
     """The controller's Cluster, with real faults right before the record write (the first write
     of a stop): a concurrent write to the object (the apiserver answers 409), or its deletion."""
@@ -433,7 +475,7 @@ class FaultyCluster(Cluster):
 async def test_faults_during_the_action_never_reclaim_falsely_nor_lose_records(
     devcluster: DevCluster,
     gitops_ns: str,
-    noexec_kubeconfig: Path,
+    noexec_kubeconfig: Path,  # noqa: F811
     tmp_path: Path,
 ) -> None:
     ns, kube = gitops_ns, devcluster.kube
@@ -446,16 +488,14 @@ async def test_faults_during_the_action_never_reclaim_falsely_nor_lose_records(
         await asyncio.to_thread(kube.apply, manifest(name, ns, annotations=ann), GIT)
 
     # Application unreadable, two ways: the reader's identity may not get applications (a real 403),
-    # or its apiserver connection hangs (a TCP server that accepts and never answers).
-    async def hold(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await asyncio.sleep(3600)
-
-    black_hole = await asyncio.start_server(hold, "127.0.0.1", 0)
-    port = black_hole.sockets[0].getsockname()[1]
-    kc = yaml.safe_load(noexec_kubeconfig.read_text())
-    kc["clusters"][0]["cluster"]["server"] = f"https://127.0.0.1:{port}"
+    # or its apiserver connection stops answering (a TCP relay to the apiserver that freezes).
+    admin_kc = yaml.safe_load(devcluster.kubeconfig.read_text())
+    upstream = urlsplit(admin_kc["clusters"][0]["cluster"]["server"])
+    relay = FreezingRelay(upstream.hostname or "127.0.0.1", upstream.port or 443)
+    port = await relay.start()
+    admin_kc["clusters"][0]["cluster"]["server"] = f"https://127.0.0.1:{port}"
     hanging_kc = tmp_path / "hanging.kubeconfig"
-    hanging_kc.write_text(yaml.safe_dump(kc))
+    hanging_kc.write_text(yaml.safe_dump(admin_kc))
 
     FaultyCluster.admin = client.AppsV1Api(kube.api_client)
     FaultyCluster.conflict_next = {"conflict"}
@@ -489,7 +529,8 @@ async def test_faults_during_the_action_never_reclaim_falsely_nor_lose_records(
         rig = Rig(devcluster, ns, tmp_path / "hang")
         rigs.append(rig)
         await rig.start(reader_kubeconfig=hanging_kc, preflight_timeout=1.0)
-        rig.known = set(rig.running())
+        relay.flowing.clear()  # from now on the pre-flight's requests get no answer
+        await rig.ghosts_running({"tracked-a": 1, "tracked-b": 1})  # the first rig's stop cleared them
         deadline = time.monotonic() + 120
         while rig.outcomes["tracked-b:gitops-unknown"] < 3:
             assert time.monotonic() < deadline, dict(rig.outcomes)
@@ -503,7 +544,7 @@ async def test_faults_during_the_action_never_reclaim_falsely_nor_lose_records(
     finally:
         for r in rigs:
             await r.stop()
-        black_hole.close()
+        await relay.close()
         await asyncio.to_thread(kube.delete, "argoproj.io/v1alpha1", "Application", app, ARGOCD_NS)
 
 
