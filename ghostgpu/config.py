@@ -549,7 +549,6 @@ class GpuMemoryConfig(Model):
             raise ValueError(f"heldFrom ({self.held_from}) must be at least freeAtMost ({self.free_at_most})")
         return self
 
-
 class GrafanaDashboardConfig(Model):
     """The Grafana dashboard ConfigMap in controller/ (ghostgpu/dashboard/panels.py lists its panels)."""
 
