@@ -550,6 +550,7 @@ class GpuMemoryConfig(Model):
             raise ValueError(f"heldFrom ({self.held_from}) must be at least freeAtMost ({self.free_at_most})")
         return self
 
+
 class GrafanaDashboardConfig(Model):
     """The Grafana dashboard ConfigMap in controller/ (ghostgpu/dashboard/panels.py lists its panels)."""
 
@@ -604,6 +605,29 @@ class ControllerConfig(Model):
         "them on node changes, not on pod deletions; v0.19.1+ also on pod deletions, within 10 s); "
         "only useful with TAS flavors; renders `patch` on nodes into the controller's ClusterRole",
     )
+    # Kueue's books (controller/reservation.py, docs/reservation.md): GPUs that live non-Kueue work
+    # holds are reserved in the team's ClusterQueue by owner-less placeholder Workloads.
+    reservation: Literal["off", "shadow", "enforce"] = Field(
+        "off",
+        description="off: nothing; shadow: compute and report what would be reserved, write nothing "
+        "to Kueue; enforce: keep one placeholder Workload per holder and flavor in the team's "
+        "ClusterQueue (renders create/delete on workloads into the namespaced ClusterRole)",
+    )
+    reservation_queue: Name = Field(
+        "default",
+        description="the LocalQueue, in each opted-in namespace, whose ClusterQueue is the team's: "
+        "placeholders are queued there",
+    )
+
+    @field_validator("reservation", mode="before")
+    @classmethod
+    def _reservation_off(cls, value: Any) -> Any:
+        # YAML 1.1 reads a bare `off` as false: take it for the mode it was meant to be.
+        if value is False:
+            return "off"
+        if value is True:
+            raise ValueError("reservation takes off, shadow or enforce (a bare `on`/`true` names no mode)")
+        return value
 
     @model_validator(mode="after")
     def _windows(self) -> ControllerConfig:

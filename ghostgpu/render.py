@@ -498,6 +498,7 @@ def _controller_context(cfg: c.GhostgpuConfig) -> dict[str, Any]:
         # opted-in namespaces only the verbs each actuator's stop needs.
         "manager_read_rules": table.read_rules(),
         "actuator_rules": table.rbac_rules(),
+        "reservation": ctrl.reservation,
         "service_monitor": ctrl.service_monitor.enabled,
         "service_monitor_interval": str(ctrl.service_monitor.interval),
         "service_monitor_labels": {**labels, **ctrl.service_monitor.labels},

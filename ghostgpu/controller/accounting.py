@@ -30,6 +30,10 @@ class FlavorAccount:
     kueue_reserved: float = 0.0  # status.flavorsReservation (quota reserved, admission pending)
     in_use: float = 0.0  # every scheduled, unfinished pod's request on this flavor's nodes
     outside_kueue: dict[str, float] = field(default_factory=dict)  # verdict bucket -> GPUs
+    # controller.reservation (reservation.py): GPUs held outside Kueue that should be reserved in
+    # Kueue, and what placeholder Workloads Kueue admitted (part of kueue_admitted).
+    reservation_desired: float = 0.0
+    reserved_outside: float = 0.0
 
     @property
     def held_outside_kueue(self) -> float:
@@ -62,6 +66,8 @@ class FlavorAccount:
             "trulyFree": self.truly_free,
             "kueueBelievesFree": self.kueue_believes_free,
             "gap": self.gap,
+            "reservationDesired": self.reservation_desired,
+            "reservedOutsideKueue": self.reserved_outside,
         }
 
 

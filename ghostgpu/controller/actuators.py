@@ -34,6 +34,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from pydantic.alias_generators import to_camel
 
 RECLAIMED_FROM_RECORD = "ghostgpu.io/reclaimed-from"  # non-scale actuators: {pointer: previous value}
+RECLAIMED_AT = "ghostgpu.io/reclaimed-at"  # keys.RECLAIMED_AT (keys imports config, which imports this)
+REVERT_MARK = "ghostgpu.io/reclaim-reverted"  # revert_guard.MARK: a stale mark goes with a new stop
 NOW = "now"  # an annotation value written as the current time (Kubeflow's culler format)
 
 StopKind = Literal["scale", "annotation", "field"]
@@ -213,7 +215,10 @@ class Actuator(_Model):
         if self.stop == "annotation" and value == NOW:
             value = (now or datetime.now(UTC)).strftime("%Y-%m-%dT%H:%M:%SZ")
         stop = merge_patch_for(self.writes[0], value)
-        return deep_merge({"metadata": {"annotations": {RECLAIMED_FROM_RECORD: record}}}, stop)
+        at = (now or datetime.now(UTC)).strftime("%Y-%m-%dT%H:%M:%SZ")
+        # reclaimed-at: when the record was written (the revert guard compares a revert's time to it)
+        ann = {RECLAIMED_FROM_RECORD: record, RECLAIMED_AT: at, REVERT_MARK: None}
+        return deep_merge({"metadata": {"annotations": ann}}, stop)
 
     def restore_patch(self, obj: Mapping[str, Any]) -> dict[str, Any]:
         """The merge patch that undoes stop_patch from the record on `obj`. Raises ValueError
@@ -228,7 +233,9 @@ class Actuator(_Model):
             raise ValueError(f"{RECLAIMED_FROM_RECORD}={raw!r} is not JSON") from exc
         if not isinstance(record, dict) or set(record) != set(self.writes):
             raise ValueError(f"{RECLAIMED_FROM_RECORD}={raw!r} does not record {self.writes}")
-        patch: dict[str, Any] = {"metadata": {"annotations": {RECLAIMED_FROM_RECORD: None}}}
+        patch: dict[str, Any] = {
+            "metadata": {"annotations": {RECLAIMED_FROM_RECORD: None, RECLAIMED_AT: None}}
+        }
         for p, previous in record.items():
             if previous is None and self.stop == "field" and self.restore_value is not None:
                 previous = self.restore_value

@@ -24,6 +24,7 @@ from ghostgpu.controller import keys
 from ghostgpu.controller.accounting import FlavorSpec, node_flavor
 from ghostgpu.controller.actuators import ActuatorTable
 from ghostgpu.controller.decisions import DecisionLog
+from ghostgpu.controller.gitops import ApiReader, GitOpsPreflight
 from ghostgpu.controller.inventory import (
     GpuPredicate,
     OwnerRef,
@@ -48,6 +49,12 @@ from ghostgpu.controller.ledger import ReplicaLedger
 from ghostgpu.controller.managers import ManagerInformers
 from ghostgpu.controller.metrics import ControllerMetrics
 from ghostgpu.controller.reconciler import PollResult, Reconciler, Snapshot, accounting_from
+from ghostgpu.controller.reservation import (
+    ReservationMetrics,
+    Reservations,
+    desired_from,
+    fill_accounts,
+)
 from ghostgpu.controller.server import HealthServer
 from ghostgpu.signals.artifacts import FileArtifactProbe, S3ArtifactProbe
 from ghostgpu.signals.podexec import KubeExec
@@ -249,7 +256,15 @@ async def run_controller(
         escalate=_escalator(cfg),
         nudge_nodes=cfg.kueue_nudge if kueue_nudge is None else kueue_nudge,
         ledger=ReplicaLedger(cluster, cfg.namespace),
+        # Read-only: the Argo CD Application / Flux Kustomization or HelmRelease that syncs a
+        # workload, before stopping it (gitops.py). Argo CD's control-plane namespace is `argocd`;
+        # an Application elsewhere is found by name when it is the only one.
+        gitops=GitOpsPreflight(ApiReader(api), field_manager=cluster.field_manager),
     )
+    reservations = Reservations(
+        api, mode=cfg.reservation, local_queue=cfg.reservation_queue, emit_event=cluster.event
+    )
+    reservation_metrics = ReservationMetrics(metrics.registry)
     interval = cfg.poll_interval.seconds
     started = time.time()
 
@@ -306,9 +321,13 @@ async def run_controller(
                     cqs = await cluster.list(CLUSTERQUEUES)
                 except Exception:
                     cqs = []  # no Kueue (yet): the gap is still measured against the nodes
-                metrics.set_accounting(
-                    accounting_from(flavors or [], snap, cqs, result.judged, result.pods_of)
-                )
+                accounts = accounting_from(flavors or [], snap, cqs, result.judged, result.pods_of)
+                if cfg.reservation != "off":
+                    await reserve(
+                        reservations, reservation_metrics, flavors or [], snap, cqs, result, accounts,
+                        leader=elector.is_leader(),
+                    )  # fmt: skip
+                metrics.set_accounting(accounts)
             except Exception as exc:  # one bad poll must not end the controller; /healthz tells
                 log.exception("poll failed", extra={"error": f"{type(exc).__name__}: {exc}"})
             polls += 1
@@ -332,6 +351,44 @@ async def run_controller(
         await server.stop()
         await prom.aclose()
         log.info("controller stopped", extra={"identity": identity})
+
+
+async def reserve(
+    reservations: Reservations,
+    rmetrics: ReservationMetrics,
+    flavors: Sequence[FlavorSpec],
+    snap: Snapshot,
+    cqs: Sequence[Mapping[str, Any]],
+    result: PollResult,
+    accounts: Sequence[Any],
+    *,
+    leader: bool,
+) -> None:
+    """controller.reservation, once per poll after the reconcile: the GPUs held outside Kueue (as the
+    poll's snapshot shows them) reserved in each team's ClusterQueue (reservation.py)."""
+    try:
+        lqs = await reservations.local_queues()
+        desired = desired_from(
+            flavors, snap, cqs, lqs, local_queue=reservations.local_queue, pods_of=result.pods_of
+        )
+        report = await reservations.reconcile(
+            desired,
+            flavors,
+            leader=leader,
+            local_queues=lqs,
+            now=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        )
+    except Exception as exc:  # no Kueue (yet), an apiserver error: next poll tries again
+        log.warning("reservation failed", extra={"error": f"{type(exc).__name__}: {exc}"})
+        return
+    rmetrics.set(report)
+    fill_accounts(accounts, report.desired, report.admitted)
+    if report.created or report.deleted or report.errors:
+        log.info(
+            "reservations",
+            extra={"mode": report.mode, "desired": [f"{r.namespace}/{r.name}" for r in report.desired],
+                   "created": report.created, "deleted": report.deleted, "errors": report.errors},
+        )  # fmt: skip
 
 
 def _s3_possible() -> bool:

@@ -113,9 +113,12 @@ def status(
     table = Table(
         title="GPU accounting gap (ghostgpu status)",
         caption="alloc: node allocatable · admitted: Kueue flavorsUsage · outside: held by tracked "
-        "workloads outside Kueue · free: truly free · Kueue free: nominal quota - admitted",
+        "workloads outside Kueue · reserved: of those, reserved in Kueue by placeholder Workloads "
+        "(controller.reservation; admitted includes them) · free: truly free · Kueue free: nominal "
+        "quota - admitted",
     )
-    for col in ("flavor", "alloc", "admitted", "outside", "by verdict", "free", "Kueue free", "gap"):
+    cols = ("flavor", "alloc", "admitted", "outside", "by verdict", "reserved", "free", "Kueue free", "gap")
+    for col in cols:
         table.add_column(col, justify="left" if col in ("flavor", "by verdict") else "right", no_wrap=True)
     for a in accounts:
         by = ", ".join(f"{k} {v:g}" for k, v in sorted(a.outside_kueue.items())) or "-"
@@ -125,6 +128,7 @@ def status(
             f"{a.kueue_admitted:g}",
             f"{a.held_outside_kueue:g}",
             by,
+            f"{a.reserved_outside:g}",
             f"{a.truly_free:g}",
             f"{a.kueue_believes_free:g}",
             f"{a.gap:g}",

@@ -33,6 +33,7 @@ from ghostgpu.controller.kube import (
 from ghostgpu.controller.ledger import LedgerEntry, ReplicaLedger
 from ghostgpu.controller.managers import Resolver, manager_workload, register_kinds, resource_type
 from ghostgpu.controller.reconciler import Snapshot, accounting_from
+from ghostgpu.controller.revert_guard import RESTORE_MANAGER
 
 KIND_ALIASES = {
     "deployment": "Deployment",
@@ -93,7 +94,8 @@ async def restore(
     if ref.kind == "Pod":
         raise RestoreError("an evicted bare Pod cannot be scaled back; re-create it from its manifest")
     register_kinds(table)
-    cluster = Cluster(await _kube_api(kubeconfig), instance="ghostgpu-restore")
+    # Its own field manager: the controller's revert guard tells restore's scale from a revert.
+    cluster = Cluster(await _kube_api(kubeconfig), instance="ghostgpu-restore", field_manager=RESTORE_MANAGER)
     return await restore_any(cluster, ref, ReplicaLedger(cluster, ledger_namespace), table)
 
 
@@ -253,4 +255,33 @@ async def status(loaded: LoadedConfig, *, kubeconfig: str | None = None) -> list
 
     res = Resolver(table).resolve(tracked, chain, managers, pods, pod_owner)
     snap = Snapshot(namespaces=namespaces, workloads=res.workloads, pods=pods, nodes=nodes, top_of=res.top_of)
-    return accounting_from(flavors, snap, cqs)
+    accounts = accounting_from(flavors, snap, cqs)
+    await _fill_reservations(cluster, loaded, flavors, snap, cqs, accounts)
+    return accounts
+
+
+async def _fill_reservations(
+    cluster: Cluster, loaded: LoadedConfig, flavors: list[FlavorSpec], snap: Snapshot, cqs: Any, accounts: Any
+) -> None:
+    """What the reservation counts (controller.reservation) and what Kueue admitted of it."""
+    from ghostgpu.controller.reservation import (
+        LOCALQUEUES,
+        RESERVATION_LABEL,
+        WORKLOADS,
+        Placeholder,
+        admitted_by_flavor,
+        desired_from,
+        fill_accounts,
+    )
+
+    try:
+        lqs = await cluster.list(LOCALQUEUES)
+        placeholders = [
+            Placeholder.from_object(w)
+            for w in await cluster.list(WORKLOADS)
+            if ((w.get("metadata") or {}).get("labels") or {}).get(RESERVATION_LABEL) == "true"
+        ]
+    except Exception:
+        return  # no Kueue: nothing reserved
+    desired = desired_from(flavors, snap, cqs, lqs, local_queue=loaded.controller.reservation_queue)
+    fill_accounts(accounts, desired, admitted_by_flavor(placeholders))

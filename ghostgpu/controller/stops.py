@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,13 +33,24 @@ def describe_stop(a: Actuator) -> str:
 
 @dataclass(frozen=True)
 class StopOutcome:
-    outcome: str  # "stopped", "gone", "already-stopped", "exempt", "not-leader", "conflict", "blocked"
+    # "stopped", "gone", "already-stopped", "exempt", "not-leader", "conflict", "blocked", or what
+    # `before` answered (a revert mark, the GitOps pre-flight)
+    outcome: str
     fresh: Mapping[str, Any] | None = None
     detail: str = ""
+    record: str = ""  # the ghostgpu.io/reclaimed-from value written with the stop
 
 
-async def stop(cluster: Any, ref: WorkloadRef, a: Actuator, *, is_leader: bool) -> StopOutcome:
-    """Re-read the object and stop it through its actuator (leader only)."""
+async def stop(
+    cluster: Any,
+    ref: WorkloadRef,
+    a: Actuator,
+    *,
+    is_leader: bool,
+    before: Callable[[Mapping[str, Any]], Awaitable[str | None]] | None = None,
+) -> StopOutcome:
+    """Re-read the object and stop it through its actuator (leader only). `before(fresh)`: None to
+    go ahead, else the outcome that replaces the stop (nothing is written)."""
     try:
         fresh = await cluster.get(ref)
     except NotFound:
@@ -52,17 +63,19 @@ async def stop(cluster: Any, ref: WorkloadRef, a: Actuator, *, is_leader: bool) 
         return StopOutcome("exempt", fresh)
     if not is_leader:
         return StopOutcome("not-leader", fresh)
+    held = await before(fresh) if before is not None else None
+    if held is not None:
+        return StopOutcome(held, fresh)
+    patch = a.stop_patch(fresh)
     try:
-        await cluster.patch_object(
-            ref, a.stop_patch(fresh), resource_version=meta.get("resourceVersion"), current=fresh
-        )
+        await cluster.patch_object(ref, patch, resource_version=meta.get("resourceVersion"), current=fresh)
     except Conflict:
         return StopOutcome("conflict", fresh)  # changed since read: judged again next poll
     except NotFound:
         return StopOutcome("gone")
     except AdmissionDenied as exc:
         return StopOutcome("blocked", fresh, str(exc)[:300])
-    return StopOutcome("stopped", fresh)
+    return StopOutcome("stopped", fresh, record=patch["metadata"]["annotations"][RECLAIMED_FROM_RECORD])
 
 
 @dataclass(frozen=True)

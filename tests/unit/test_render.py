@@ -612,3 +612,9 @@ def test_cli_unwritable_output_is_a_clean_error(tmp_path: Path) -> None:
     result = runner.invoke(app, ["render", "-o", str(not_a_dir)])
     assert result.exit_code == 1
     assert "cannot write the bundles" in result.output
+
+
+def test_service_monitor_keeps_the_workload_namespace_label() -> None:
+    # ghostgpu_* series are labelled by the workload's namespace: the scrape must not replace it.
+    (monitor,) = [o for o in render_objects(load_default_config()) if o["kind"] == "ServiceMonitor"]
+    assert [e.get("honorLabels") for e in monitor["spec"]["endpoints"]] == [True]

@@ -175,7 +175,8 @@ def test_verdict_is_deterministic_and_failures_in_the_window_are_never_reclaimed
     if v.reclaimable and policy.rule is Rule.GHOSTGPU:
         # Reclaimable under the default rule means: window zero, no live process, output not moving.
         assert isinstance(evidence.processes, tuple) or Signal.PROCESSES not in policy.required
-        roles = classify_listing(evidence.processes or (), policy.processes)
+        listed = evidence.processes if isinstance(evidence.processes, tuple) else ()
+        roles = classify_listing(listed, policy.processes)
         assert not LIVE_WORK & set(roles), "only wrappers, holders and defunct processes may remain"
         assert not (isinstance(evidence.artifacts, ArtifactSizes) and evidence.artifacts.changed)
     assert v.reasons, "every verdict carries reasons"

@@ -1,0 +1,581 @@
+"""Kueue's books: reserve, in each team's ClusterQueue, the GPUs that live non-Kueue work holds.
+
+Kueue admits by quota alone and counts only what it admitted, so a Deployment that bypassed it and
+holds 4 of a team's 8 GPUs leaves Kueue free to admit an 8-GPU Job whose pods then sit Pending.
+Here the controller keeps one owner-less placeholder Workload per (holder, flavor) in the holder's
+namespace, queued in the LocalQueue `controller.reservationQueue` (whose ClusterQueue is the team's):
+Kueue admits and counts it like any other Workload, so the team's quota shrinks by what is held,
+and the placeholder goes at the first poll after the holder's pods are gone (reclaimed, scaled
+down, deleted).
+Why placeholders and not a trimmed nominalQuota: docs/reservation.md (measured on v0.17 and v0.19).
+
+The placeholder:
+- has no ownerReferences and never the label `kueue.x-k8s.io/job-uid` (Kueue v0.18+ finishes an
+  owner-less Workload that carries it: FinishOrphanedWorkloads);
+- asks for the holder's GPUs in one pod whose nodeSelector is the flavor's node labels (Kueue's
+  flavor assigner then only considers that flavor) and tolerates every taint;
+- gets `PodsReady=True` once admitted (server-side apply, forced: from v0.18 `kueue-admission`
+  co-owns the condition), or waitForPodsReady would evict it at the timeout and, with
+  `blockAdmission: true`, block every admission until then;
+- is named after what it reserves (holder, flavor, count): a different count is a new placeholder,
+  created before the old one is deleted (Kueue's podSets are immutable once admitted, and the
+  order never leaves the held GPUs unreserved).
+
+`desired_reservations` is pure (the snapshot in, the reservations out); `plan_changes` compares it
+with the placeholders that exist; `Reservations.reconcile` (leader only) lists, creates, deletes,
+marks PodsReady and puts an Event on Kueue Workloads that wait in a ClusterQueue with reservations.
+Every poll compares everything afresh, so a new leader (or a restarted one) removes leftovers and
+creates what is missing on its first poll: no state is kept between polls but the Events sent.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from kr8s._exceptions import ServerError
+
+from ghostgpu.controller import keys
+from ghostgpu.controller.accounting import FlavorSpec, node_flavors_of
+from ghostgpu.controller.inventory import PodView, Workload, WorkloadRef, namespace_opted_in
+from ghostgpu.controller.kube import ResourceType, status_of
+
+log = logging.getLogger("ghostgpu.controller.reservation")
+
+WORKLOADS = ResourceType("kueue.x-k8s.io/v1beta2", "workloads", kind="Workload")
+LOCALQUEUES = ResourceType("kueue.x-k8s.io/v1beta2", "localqueues", kind="LocalQueue")
+RESERVATION_LABEL = "ghostgpu.io/reservation"  # "true" on every placeholder (list selector)
+HOLDER_ANNOTATION = "ghostgpu.io/reserved-for"  # "deployment/x"
+FLAVOR_ANNOTATION = "ghostgpu.io/reserved-flavor"
+FIELD_MANAGER = "ghostgpu-reservation"
+PLACEHOLDER_IMAGE = "ghostgpu.io/reservation-placeholder"  # never pulled: the Workload has no pods
+# Labels that make a pod Kueue's own (counted in Kueue's books already: never reserved again).
+KUEUE_MANAGED = "kueue.x-k8s.io/managed"
+KUEUE_QUEUE_NAME = "kueue.x-k8s.io/queue-name"
+
+
+@dataclass(frozen=True, order=True, slots=True)
+class Reservation:
+    """GPUs of one flavor that one holder keeps outside Kueue, to be counted in `cluster_queue`."""
+
+    namespace: str
+    holder: str  # "deployment/x"
+    flavor: str
+    resource: str
+    gpus: int
+    cluster_queue: str
+    local_queue: str
+    team: str
+
+    @property
+    def name(self) -> str:
+        return placeholder_name(self.holder, self.flavor, self.gpus)
+
+
+_DNS = re.compile(r"[^a-z0-9-]+")
+
+
+def placeholder_name(holder: str, flavor: str, gpus: int) -> str:
+    """`ghostgpu-reserve-<kind>-<name>-<flavor>-<gpus>`; a digest replaces the readable middle when
+    it would pass the 253 characters of a name or the characters differ from the inputs'."""
+    kind, _, name = holder.partition("/")
+    readable = f"ghostgpu-reserve-{kind}-{name}-{flavor}-{gpus}".lower()
+    clean = _DNS.sub("-", readable).strip("-")
+    if clean == readable and len(clean) <= 253:
+        return clean
+    digest = hashlib.sha256(f"{holder}\0{flavor}\0{gpus}".encode()).hexdigest()[:12]
+    return f"{clean[:200].rstrip('-')}-{digest}"
+
+
+def _holder(ref: WorkloadRef) -> str:
+    return f"{ref.kind.lower()}/{ref.name}"
+
+
+def queues_of(local_queues: Iterable[Mapping[str, Any]], name: str) -> dict[str, str]:
+    """namespace -> ClusterQueue of its LocalQueue `name`."""
+    out: dict[str, str] = {}
+    for lq in local_queues:
+        meta = lq.get("metadata") or {}
+        cq = (lq.get("spec") or {}).get("clusterQueue")
+        if meta.get("name") == name and cq:
+            out[str(meta.get("namespace", ""))] = str(cq)
+    return out
+
+
+def cq_flavors(cluster_queues: Iterable[Mapping[str, Any]]) -> dict[str, dict[str, set[str]]]:
+    """ClusterQueue -> flavor -> resources it has a quota for."""
+    out: dict[str, dict[str, set[str]]] = {}
+    for cq in cluster_queues:
+        name = str((cq.get("metadata") or {}).get("name", ""))
+        flavors = out.setdefault(name, {})
+        for group in (cq.get("spec") or {}).get("resourceGroups") or []:
+            for fq in group.get("flavors") or []:
+                res = flavors.setdefault(str(fq.get("name", "")), set())
+                res.update(str(r.get("name", "")) for r in fq.get("resources") or [])
+    return out
+
+
+def kueue_owned(pod: PodView, wl: Workload) -> bool:
+    """Kueue counts this pod itself: its pod (or the workload, defaulted into a LocalQueue by
+    Kueue's webhook) carries Kueue's labels."""
+    return (
+        pod.labels.get(KUEUE_MANAGED) == "true"
+        or KUEUE_QUEUE_NAME in pod.labels
+        or KUEUE_QUEUE_NAME in wl.labels
+    )
+
+
+def desired_reservations(
+    flavors: Sequence[FlavorSpec],
+    namespaces: Mapping[str, Mapping[str, str]],
+    workloads: Mapping[WorkloadRef, Workload],
+    pods_of: Mapping[WorkloadRef, Sequence[PodView]],
+    nodes: Iterable[Mapping[str, Any]],
+    queues: Mapping[str, str],
+    cluster_queues: Mapping[str, Mapping[str, set[str]]],
+    *,
+    local_queue: str,
+) -> list[Reservation]:
+    """What must be reserved now, sorted. A GPU counts when a tracked workload in an opted-in
+    namespace with a team label holds it: its pod is scheduled and not finished (whatever its
+    verdict: idle GPUs are held until reclaimed; a terminating pod too, as the scheduler still counts
+    it until it is gone: releasing earlier would let Kueue admit pods that cannot be scheduled yet),
+    and it is not Kueue's own pod. It counts in the ClusterQueue of the namespace's LocalQueue
+    (`queues`), on the first flavor of that ClusterQueue whose node labels the pod's node carries;
+    GPUs on nodes of no flavor of that ClusterQueue are not in its quota and reserve nothing.
+    Fractional counts round up (a quota is counted in whole GPUs)."""
+    node_flavor_names = {
+        str((n.get("metadata") or {}).get("name", "")): [f for f in node_flavors_of(n, flavors)]
+        for n in nodes
+    }
+    totals: dict[tuple[str, str, str, str, str, str], float] = {}
+    for ref, wl in workloads.items():
+        labels = namespaces.get(ref.namespace)
+        if labels is None or not namespace_opted_in(labels):
+            continue
+        team = labels.get(keys.TEAM_LABEL)
+        cq = queues.get(ref.namespace)
+        if not team or cq is None:
+            continue
+        quota = cluster_queues.get(cq, {})
+        for pod in pods_of.get(ref, ()):
+            if not pod.holds_gpus or kueue_owned(pod, wl):
+                continue
+            for f in node_flavor_names.get(pod.node_name or "", []):
+                count = pod.gpu_requests.get(f.resource, 0.0)
+                if count and f.resource in quota.get(f.name, ()):
+                    key = (ref.namespace, _holder(ref), f.name, f.resource, cq, team)
+                    totals[key] = totals.get(key, 0.0) + count
+                    break  # one flavor per pod: its GPUs are counted once
+    return sorted(
+        Reservation(ns, holder, flavor, resource, math.ceil(gpus), cq, local_queue, team)
+        for (ns, holder, flavor, resource, cq, team), gpus in totals.items()
+        if gpus > 0
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Placeholder:
+    """A placeholder Workload as listed: enough to compare, delete and mark ready."""
+
+    namespace: str
+    name: str
+    holder: str
+    flavor: str
+    gpus: int
+    resource: str
+    admitted: bool
+    pods_ready: bool
+    cluster_queue: str  # from status.admission, "" until admitted
+
+    @classmethod
+    def from_object(cls, obj: Mapping[str, Any]) -> Placeholder:
+        meta = obj.get("metadata") or {}
+        ann = meta.get("annotations") or {}
+        conds = {c.get("type"): c.get("status") for c in (obj.get("status") or {}).get("conditions") or []}
+        gpus, resource = 0, ""
+        for ps in (obj.get("spec") or {}).get("podSets") or []:
+            for c in ((ps.get("template") or {}).get("spec") or {}).get("containers") or []:
+                for r, v in ((c.get("resources") or {}).get("requests") or {}).items():
+                    resource, gpus = str(r), gpus + int(float(str(v))) * int(ps.get("count", 1))
+        admission = (obj.get("status") or {}).get("admission") or {}
+        return cls(
+            namespace=str(meta.get("namespace", "")),
+            name=str(meta.get("name", "")),
+            holder=str(ann.get(HOLDER_ANNOTATION, "")),
+            flavor=str(ann.get(FLAVOR_ANNOTATION, "")),
+            gpus=gpus,
+            resource=resource,
+            admitted=conds.get("Admitted") == "True",
+            pods_ready=conds.get("PodsReady") == "True",
+            cluster_queue=str(admission.get("clusterQueue", "")),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Changes:
+    create: list[Reservation]
+    delete: list[Placeholder]
+    mark_ready: list[Placeholder]
+
+
+def plan_changes(desired: Sequence[Reservation], existing: Sequence[Placeholder]) -> Changes:
+    """Create what is missing, delete what nobody holds any more (after the creates: the held
+    GPUs never go unreserved), mark admitted placeholders ready. Matched by (namespace, name): the
+    name carries holder, flavor and count."""
+    have = {(p.namespace, p.name): p for p in existing}
+    want = {(r.namespace, r.name): r for r in desired}
+    return Changes(
+        create=[r for k, r in sorted(want.items()) if k not in have],
+        delete=[p for k, p in sorted(have.items()) if k not in want],
+        mark_ready=[p for k, p in sorted(have.items()) if k in want and p.admitted and not p.pods_ready],
+    )
+
+
+def placeholder_object(r: Reservation, node_labels: Mapping[str, str]) -> dict[str, Any]:
+    quantity = {r.resource: str(r.gpus)}
+    return {
+        "apiVersion": WORKLOADS.version,
+        "kind": "Workload",
+        "metadata": {
+            "name": r.name,
+            "namespace": r.namespace,
+            # Never kueue.x-k8s.io/job-uid: Kueue v0.18+ would finish it as an orphan.
+            "labels": {RESERVATION_LABEL: "true", "app.kubernetes.io/managed-by": keys.COMPONENT},
+            "annotations": {HOLDER_ANNOTATION: r.holder, FLAVOR_ANNOTATION: r.flavor},
+        },
+        "spec": {
+            "queueName": r.local_queue,
+            "podSets": [
+                {
+                    "name": "held",
+                    "count": 1,
+                    "template": {
+                        "spec": {
+                            "restartPolicy": "Never",
+                            "nodeSelector": dict(sorted(node_labels.items())),
+                            "tolerations": [{"operator": "Exists"}],
+                            "containers": [
+                                {
+                                    "name": "held",
+                                    "image": PLACEHOLDER_IMAGE,
+                                    "resources": {"requests": quantity, "limits": quantity},
+                                }
+                            ],
+                        }
+                    },
+                }
+            ],
+        },
+    }
+
+
+def pods_ready_patch(name: str, namespace: str, now: str) -> dict[str, Any]:
+    cond = {
+        "type": "PodsReady",
+        "status": "True",
+        "reason": "PodsReady",
+        "message": "placeholder for GPUs held outside Kueue: it has no pods to wait for",
+        "lastTransitionTime": now,
+    }
+    return {
+        "apiVersion": WORKLOADS.version,
+        "kind": "Workload",
+        "metadata": {"name": name, "namespace": namespace},
+        "status": {"conditions": [cond]},
+    }
+
+
+def waiting_messages(
+    kueue_workloads: Iterable[Mapping[str, Any]],
+    desired: Sequence[Reservation],
+    local_queue_cq: Mapping[tuple[str, str], str],
+) -> dict[tuple[str, str, str], tuple[Mapping[str, Any], str]]:
+    """(namespace, name, uid) -> (workload, message) for every Kueue Workload (not a placeholder)
+    that waits for quota in a ClusterQueue holding reservations: why it may wait."""
+    by_cq: dict[str, list[Reservation]] = {}
+    for r in desired:
+        by_cq.setdefault(r.cluster_queue, []).append(r)
+    out: dict[tuple[str, str, str], tuple[Mapping[str, Any], str]] = {}
+    for wl in kueue_workloads:
+        meta = wl.get("metadata") or {}
+        if (meta.get("labels") or {}).get(RESERVATION_LABEL) == "true":
+            continue
+        conds = {c.get("type"): c.get("status") for c in (wl.get("status") or {}).get("conditions") or []}
+        if conds.get("QuotaReserved") == "True" or conds.get("Finished") == "True":
+            continue
+        ns = str(meta.get("namespace", ""))
+        cq = local_queue_cq.get((ns, str((wl.get("spec") or {}).get("queueName", ""))))
+        held = by_cq.get(cq or "")
+        if not held:
+            continue
+        parts = [f"{r.gpus} {r.resource} held outside Kueue by {r.holder} in {r.namespace}" for r in held]
+        message = f"ClusterQueue {cq} reserves " + "; ".join(parts)
+        out[(ns, str(meta.get("name", "")), str(meta.get("uid", "")))] = (wl, message)
+    return out
+
+
+@dataclass
+class ReservationReport:
+    """One poll's numbers (metrics and logs): reserved GPUs per (ClusterQueue, team, flavor)."""
+
+    mode: str
+    desired: list[Reservation] = field(default_factory=list)
+    admitted: dict[tuple[str, str], int] = field(default_factory=dict)  # (cq, flavor) -> GPUs
+    created: int = 0
+    deleted: int = 0
+    marked_ready: int = 0
+    errors: int = 0
+
+    def desired_by(self) -> dict[tuple[str, str, str], int]:
+        out: dict[tuple[str, str, str], int] = {}
+        for r in self.desired:
+            key = (r.cluster_queue, r.team, r.flavor)
+            out[key] = out.get(key, 0) + r.gpus
+        return out
+
+
+def admitted_by_flavor(placeholders: Iterable[Placeholder]) -> dict[tuple[str, str], int]:
+    out: dict[tuple[str, str], int] = {}
+    for p in placeholders:
+        if p.admitted:
+            out[(p.cluster_queue, p.flavor)] = out.get((p.cluster_queue, p.flavor), 0) + p.gpus
+    return out
+
+
+class Reservations:
+    """The writes (enforce mode, leader only) on kr8s's `call_api`, as kube.Cluster does."""
+
+    def __init__(self, api: Any, *, mode: str, local_queue: str, emit_event: Any) -> None:
+        self.api = api
+        self.mode = mode
+        self.local_queue = local_queue
+        self.emit_event = emit_event  # Cluster.event
+        self.announced: dict[tuple[str, str, str], str] = {}  # workload -> last message sent
+
+    async def _list(self, rt: ResourceType, selector: str | None = None) -> list[dict[str, Any]]:
+        params: dict[str, Any] = {"limit": 500}
+        if selector:
+            params["labelSelector"] = selector
+        items: list[dict[str, Any]] = []
+        while True:
+            async with self.api.call_api("GET", version=rt.version, url=rt.plural, params=params) as resp:
+                body = resp.json()
+            items.extend(body.get("items") or [])
+            if not (body.get("metadata") or {}).get("continue"):
+                return items
+            params["continue"] = body["metadata"]["continue"]
+
+    async def local_queues(self) -> list[dict[str, Any]]:
+        return await self._list(LOCALQUEUES)
+
+    async def reconcile(
+        self,
+        desired: Sequence[Reservation],
+        flavors: Sequence[FlavorSpec],
+        *,
+        leader: bool,
+        local_queues: Sequence[Mapping[str, Any]],
+        now: str,
+    ) -> ReservationReport:
+        report = ReservationReport(self.mode, list(desired))
+        if self.mode == "off" or not leader:
+            return report
+        existing = [
+            Placeholder.from_object(o) for o in await self._list(WORKLOADS, f"{RESERVATION_LABEL}=true")
+        ]
+        report.admitted = admitted_by_flavor(existing)
+        # Shadow reserves nothing: it only removes placeholders an earlier enforce run left behind.
+        changes = plan_changes(desired if self.mode == "enforce" else [], existing)
+        labels_of = {f.name: f.node_labels for f in flavors}
+        for r in changes.create:
+            report.created += await self._write(
+                "POST", r.namespace, "workloads", placeholder_object(r, labels_of.get(r.flavor, {}))
+            )
+        for p in changes.delete:
+            report.deleted += await self._write("DELETE", p.namespace, f"workloads/{p.name}", None)
+        for p in changes.mark_ready:
+            report.marked_ready += await self._write(
+                "PATCH",
+                p.namespace,
+                f"workloads/{p.name}/status",
+                pods_ready_patch(p.name, p.namespace, now),
+                apply=True,
+            )
+        report.errors = (
+            len(changes.create)
+            + len(changes.delete)
+            + len(changes.mark_ready)
+            - (report.created + report.deleted + report.marked_ready)
+        )
+        if self.mode == "enforce" and desired:
+            await self._announce(desired, local_queues)
+        return report
+
+    async def _write(
+        self, method: str, namespace: str, url: str, body: Mapping[str, Any] | None, *, apply: bool = False
+    ) -> int:
+        params = {"fieldManager": FIELD_MANAGER, "force": "true"} if apply else None
+        headers = {"Content-Type": "application/apply-patch+yaml"} if apply else None
+        try:
+            async with self.api.call_api(
+                method,
+                version=WORKLOADS.version,
+                namespace=namespace,
+                url=url,
+                params=params,
+                headers=headers,
+                content=json.dumps(body) if body is not None else None,
+            ):
+                pass
+        except ServerError as exc:
+            code = status_of(exc)
+            if (method == "POST" and code == 409) or (method == "DELETE" and code == 404):
+                return 1  # already as wanted (another writer, or the previous poll)
+            log.warning(
+                "reservation write failed",
+                extra={"method": method, "namespace": namespace, "url": url, "error": str(exc)[:300]},
+            )
+            return 0
+        log.info("reservation", extra={"method": method, "namespace": namespace, "url": url})
+        return 1
+
+    async def _announce(
+        self, desired: Sequence[Reservation], local_queues: Sequence[Mapping[str, Any]]
+    ) -> None:
+        """An Event on each Kueue Workload that waits in a ClusterQueue holding reservations, once
+        per message (a changed reservation is announced again)."""
+        lq_cq = {
+            (
+                str((lq.get("metadata") or {}).get("namespace", "")),
+                str((lq.get("metadata") or {}).get("name", "")),
+            ): str((lq.get("spec") or {}).get("clusterQueue", ""))
+            for lq in local_queues
+        }
+        try:
+            pending = waiting_messages(await self._list(WORKLOADS), desired, lq_cq)
+        except ServerError as exc:
+            log.warning("cannot list Kueue workloads", extra={"error": str(exc)[:300]})
+            return
+        for key, (wl, message) in sorted(pending.items(), key=lambda kv: kv[0]):
+            if self.announced.get(key) == message:
+                continue
+            try:
+                await self.emit_event(
+                    {"apiVersion": WORKLOADS.version, "kind": "Workload", **wl},
+                    reason="GPUsHeldOutsideKueue",
+                    message=message,
+                )
+                self.announced[key] = message
+            except ServerError as exc:
+                log.warning("cannot write an Event", extra={"workload": key[1], "error": str(exc)[:300]})
+        for key in [k for k in self.announced if k not in pending]:
+            del self.announced[key]
+
+
+def desired_from(
+    flavors: Sequence[FlavorSpec],
+    snap: Any,
+    cluster_queues: Iterable[Mapping[str, Any]],
+    local_queues: Iterable[Mapping[str, Any]],
+    *,
+    local_queue: str,
+    pods_of: Mapping[WorkloadRef, Sequence[PodView]] | None = None,
+) -> list[Reservation]:
+    """desired_reservations over a reconciler.Snapshot and the listed Kueue objects."""
+    if pods_of is None:
+        from ghostgpu.controller.inventory import pods_by_workload
+
+        opted = {ns for ns, labels in snap.namespaces.items() if namespace_opted_in(labels)}
+        pods_of = pods_by_workload(
+            {ref: wl for ref, wl in snap.workloads.items() if ref.namespace in opted}, snap.pods
+        )
+    return desired_reservations(
+        flavors,
+        snap.namespaces,
+        snap.workloads,
+        pods_of,
+        snap.nodes,
+        queues_of(local_queues, local_queue),
+        cq_flavors(cluster_queues),
+        local_queue=local_queue,
+    )
+
+
+def fill_accounts(
+    accounts: Iterable[Any], desired: Sequence[Reservation], admitted: Mapping[tuple[str, str], int]
+) -> None:
+    """Per flavor: what should be reserved and what Kueue has admitted as placeholders (the latter
+    is part of Kueue's admitted usage already, so the gap closes when both equal what is held)."""
+    for a in accounts:
+        a.reservation_desired = float(
+            sum(r.gpus for r in desired if r.flavor == a.flavor and r.resource == a.resource)
+        )
+        a.reserved_outside = float(sum(v for (_, flavor), v in admitted.items() if flavor == a.flavor))
+
+
+class ReservationMetrics:
+    """Gauges on the controller's registry (same numbers as `ghostgpu status`)."""
+
+    def __init__(self, registry: Any) -> None:
+        from prometheus_client import Gauge
+
+        self.desired = Gauge(
+            "ghostgpu_reservation_gpus",
+            "GPUs held outside Kueue that the reservation counts (enforce) or would count (shadow) in "
+            "a team's ClusterQueue, by ClusterQueue, team, flavor and mode.",
+            ["cluster_queue", "team", "flavor", "mode"],
+            registry=registry,
+        )
+        self.admitted = Gauge(
+            "ghostgpu_reservation_admitted_gpus",
+            "GPUs reserved by placeholder Workloads that Kueue admitted, by ClusterQueue and flavor.",
+            ["cluster_queue", "flavor"],
+            registry=registry,
+        )
+        self.writes = Gauge(
+            "ghostgpu_reservation_last_writes",
+            "Placeholder writes of the last poll, by kind (create, delete, ready, error).",
+            ["kind"],
+            registry=registry,
+        )
+
+    def set(self, report: ReservationReport) -> None:
+        self.desired.clear()
+        for (cq, team, flavor), gpus in sorted(report.desired_by().items()):
+            self.desired.labels(cq, team, flavor, report.mode).set(gpus)
+        self.admitted.clear()
+        for (cq, flavor), gpus in sorted(report.admitted.items()):
+            self.admitted.labels(cq, flavor).set(gpus)
+        for kind, n in (
+            ("create", report.created),
+            ("delete", report.deleted),
+            ("ready", report.marked_ready),
+            ("error", report.errors),
+        ):
+            self.writes.labels(kind).set(n)
+
+
+__all__ = [
+    "Changes",
+    "Placeholder",
+    "Reservation",
+    "ReservationMetrics",
+    "ReservationReport",
+    "Reservations",
+    "admitted_by_flavor",
+    "cq_flavors",
+    "desired_from",
+    "desired_reservations",
+    "fill_accounts",
+    "placeholder_name",
+    "plan_changes",
+    "queues_of",
+    "waiting_messages",
+]
