@@ -34,6 +34,7 @@ from pydantic.alias_generators import to_camel
 
 from ghostgpu.autonomy import AutonomyConfig
 from ghostgpu.config_errors import ConfigError, ConfigIssue, format_path, issues_from_validation, parse_yaml
+from ghostgpu.controller.actuators import Actuator
 from ghostgpu.image_ref import validate_image_ref
 from ghostgpu.quantity import Duration, Quantity
 from ghostgpu.verdict import ProcessPolicy
@@ -592,6 +593,11 @@ class ControllerConfig(Model):
     grafana_dashboard: GrafanaDashboardConfig = Field(default_factory=GrafanaDashboardConfig)
     # The risk gate (ghostgpu.autonomy): thresholds from `ghostgpu calibrate`, weights, action table.
     autonomy: AutonomyConfig = Field(default_factory=AutonomyConfig)
+    actuators: list[Actuator] = Field(
+        default_factory=list,
+        description="how to stop and restore more manager kinds (an in-house operator), added to the "
+        "built-in table or replacing a built-in of the same kind (docs/managers.md)",
+    )
     kueue_nudge: bool = Field(
         False,
         description="after a reclaim, annotate the freed Nodes (ghostgpu.io/capacity-freed-at) so that "
@@ -629,6 +635,9 @@ class ControllerConfig(Model):
             raise ValueError(f"longWindow ({self.long_window}) must be at least window ({self.window})")
         if len(set(self.required_signals)) != len(self.required_signals):
             raise ValueError("requiredSignals lists a signal twice")
+        kinds = [a.kind for a in self.actuators]
+        if len(set(kinds)) != len(kinds):
+            raise ValueError("actuators lists a kind twice")
         return self
 
 

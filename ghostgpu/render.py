@@ -25,6 +25,7 @@ import jinja2
 import yaml
 
 from ghostgpu import config as c
+from ghostgpu.controller.actuators import ActuatorTable, gpu_cel
 from ghostgpu.resources import templates_dir
 
 BUNDLES = ("policies", "kueue", "controller")
@@ -141,10 +142,27 @@ def _gpu_cel_variables(resources: Sequence[str]) -> list[dict[str, str]]:
     ]
 
 
-def _tracking_condition() -> str:
-    """True when the object should carry ghostgpu.io/tracked=true (DESIGN §3)."""
+def _manager_gpu(table: ActuatorTable, resources_cel: str) -> str:
+    """CEL: the object is one of the actuator table's manager kinds and one of its pod templates
+    requests a GPU (actuators.gpu_cel, from the same pointers the controller counts GPUs at)."""
+    parts = [f"(object.kind == {cel(a.kind)} && ({gpu_cel(a, resources_cel)}))" for a in table.tracked()]
+    return " || ".join(parts) if parts else "false"
+
+
+def _manager_rules(table: ActuatorTable) -> list[dict[str, Any]]:
+    """The admission resourceRules of the manager kinds, one per API group."""
+    groups: dict[str, set[str]] = {}
+    for a in table.tracked():
+        groups.setdefault(a.group, set()).add(a.plural)
+    return [{"group": g, "resources": sorted(r)} for g, r in sorted(groups.items())]
+
+
+def _tracking_condition(table: ActuatorTable) -> str:
+    """True when the object should carry ghostgpu.io/tracked=true (DESIGN §3): a GPU Deployment,
+    StatefulSet or bare Pod, or a GPU object of a manager kind (RayCluster, Notebook, ...)."""
     return (
-        "object.kind in ['Pod', 'Deployment', 'StatefulSet'] && variables.requestsGpu"
+        "(object.kind in ['Pod', 'Deployment', 'StatefulSet'] && variables.requestsGpu"
+        f" || {_manager_gpu(table, 'variables.gpuResources')})"
         f" && !({cel(c.KUEUE_QUEUE_LABEL)} in variables.labels)"
         f" && variables.labels[?{cel(c.KUEUE_MANAGED_LABEL)}].orValue('') != 'true'"
         " && (object.kind != 'Pod' || size(object.metadata.?ownerReferences.orValue([])) == 0)"
@@ -154,6 +172,7 @@ def _tracking_condition() -> str:
 
 def _policies_context(cfg: c.GhostgpuConfig) -> dict[str, Any]:
     ctrl = cfg.controller
+    table = ActuatorTable(ctrl.actuators)
     flavor_resource = {f.name: f.resource for f in cfg.flavors}
     quota_by_team: dict[str, dict[str, str]] = {}
     for team in cfg.teams:
@@ -173,7 +192,10 @@ def _policies_context(cfg: c.GhostgpuConfig) -> dict[str, Any]:
         "validate_job_queue_name": cfg.policies.validate_job_queue_name,
         "gpu_resources": cfg.gpu_resources,
         "gpu_variables": _gpu_cel_variables(cfg.gpu_resources),
-        "tracking_condition": _tracking_condition(),
+        "tracking_condition": _tracking_condition(table),
+        "manager_gpu": _manager_gpu(table, cel(cfg.gpu_resources)),
+        "manager_rules": _manager_rules(table),
+        "manager_kinds": [a.kind for a in table.tracked()],
         "teams_cel": cel([t.name for t in cfg.teams]),
         # Each team's ClusterQueue is named after the team.
         "cluster_queues_cel": cel({t.name: t.name for t in cfg.teams}),
@@ -424,6 +446,7 @@ def grafana_dashboard() -> dict[str, Any]:
 
 def _controller_context(cfg: c.GhostgpuConfig) -> dict[str, Any]:
     ctrl = cfg.controller
+    table = ActuatorTable(ctrl.actuators)
     m = ctrl.metrics.active
     a = ctrl.alerts
     controller_yaml = to_yaml(ctrl.model_dump(by_alias=True, mode="json"))
@@ -471,6 +494,10 @@ def _controller_context(cfg: c.GhostgpuConfig) -> dict[str, Any]:
         "controller_yaml": controller_yaml,
         "namespaced_role": NAMESPACED_ROLE,
         "kueue_nudge": ctrl.kueue_nudge,
+        # RBAC from the actuator table: read the manager kinds everywhere (owner chains), and in
+        # opted-in namespaces only the verbs each actuator's stop needs.
+        "manager_read_rules": table.read_rules(),
+        "actuator_rules": table.rbac_rules(),
         "reservation": ctrl.reservation,
         "service_monitor": ctrl.service_monitor.enabled,
         "service_monitor_interval": str(ctrl.service_monitor.interval),

@@ -22,9 +22,17 @@ import yaml
 from ghostgpu.config import ControllerConfig, load_config, load_controller_config
 from ghostgpu.controller import keys
 from ghostgpu.controller.accounting import FlavorSpec, node_flavor
+from ghostgpu.controller.actuators import ActuatorTable
 from ghostgpu.controller.decisions import DecisionLog
 from ghostgpu.controller.gitops import ApiReader, GitOpsPreflight
-from ghostgpu.controller.inventory import GpuPredicate, Workload, cached_pod, gpu_predicate, workload_from
+from ghostgpu.controller.inventory import (
+    GpuPredicate,
+    OwnerRef,
+    Workload,
+    cached_pod,
+    gpu_predicate,
+    workload_from,
+)
 from ghostgpu.controller.kube import (
     CLUSTERQUEUES,
     DEPLOYMENTS,
@@ -38,6 +46,7 @@ from ghostgpu.controller.kube import (
 )
 from ghostgpu.controller.leader import LeaderElector
 from ghostgpu.controller.ledger import ReplicaLedger
+from ghostgpu.controller.managers import ManagerInformers
 from ghostgpu.controller.metrics import ControllerMetrics
 from ghostgpu.controller.reconciler import PollResult, Reconciler, Snapshot, accounting_from
 from ghostgpu.controller.reservation import (
@@ -107,7 +116,7 @@ def _slim_node(obj: Mapping[str, Any]) -> dict[str, Any]:
 class Informers:
     """The watch caches the controller reads from."""
 
-    def __init__(self, api: Any, is_gpu: GpuPredicate) -> None:
+    def __init__(self, api: Any, is_gpu: GpuPredicate, table: ActuatorTable | None = None) -> None:
         tracked = f"{keys.TRACKED_LABEL}=true"
         self.namespaces = Reflector(
             api, NAMESPACES, transform=lambda o: dict((o.get("metadata") or {}).get("labels") or {})
@@ -127,12 +136,15 @@ class Informers:
             label_selector=tracked,
             transform=lambda o: workload_from("StatefulSet", o, is_gpu),
         )
+        # Owner chains up to each workload's manager (managers.py, actuators.py).
+        self.managers = ManagerInformers(api, is_gpu, table or ActuatorTable())
         self.all = [
             self.namespaces,
             self.pods,
             self.nodes,
             self.deployments,
             self.statefulsets,
+            *self.managers.reflectors,
         ]
 
     @property
@@ -156,11 +168,20 @@ class Informers:
         for n in self.nodes.store.values():
             f = node_flavor(n, flavors)
             nodes.append({**n, "_flavor": f.name if f else "unknown"})
+        store = self.pods.store
+
+        def pod_owner(ns: str, name: str) -> OwnerRef | None:
+            entry = store.get((ns, name))
+            v = entry.view if entry is not None else None
+            return OwnerRef(v.owner_kind, v.owner_name or "", "", "") if v and v.owner_kind else None
+
+        res = self.managers.resolve(workloads, pods, pod_owner)
         return Snapshot(
             namespaces={name: labels for (_, name), labels in self.namespaces.store.items()},
-            workloads=workloads,
+            workloads=res.workloads,
             pods=pods,
             nodes=nodes,
+            top_of=res.top_of,
         )
 
 
@@ -204,7 +225,8 @@ async def run_controller(
     cluster = Cluster(api, instance=identity)
     known = [f.resource for f in loaded.flavors or []]
     is_gpu = gpu_predicate(known)
-    informers = Informers(api, is_gpu)
+    table = ActuatorTable(cfg.actuators)
+    informers = Informers(api, is_gpu, table)
     metrics = ControllerMetrics()
     elector = LeaderElector(
         api,

@@ -191,24 +191,30 @@ LedgerConfigOpt = typer.Option(
 
 
 def restore(
-    target: str = typer.Argument(..., help="KIND/NAME, e.g. deployment/notebook-7"),
+    target: str = typer.Argument(..., help="KIND/NAME, e.g. deployment/notebook-7 or raycluster/ray-1"),
     namespace: str = typer.Option(..., "--namespace", "-n"),
     kubeconfig: str | None = KubeconfigOpt,
     config: Path | None = LedgerConfigOpt,
 ) -> None:
-    """Scale a reclaimed Deployment/StatefulSet back to its recorded replica count (the
-    `ghostgpu.io/reclaimed-from-replicas` annotation, else the controller's replica ledger)."""
+    """Undo a reclaim: scale a Deployment/StatefulSet (or a scale-stopped manager) back to its
+    recorded replica count (the `ghostgpu.io/reclaimed-from-replicas` annotation, else the
+    controller's replica ledger), or undo a manager's annotation/field stop (RayCluster suspend,
+    Notebook stop annotation, ...) from its `ghostgpu.io/reclaimed-from` record (docs/managers.md)."""
+    from ghostgpu.controller.actuators import ActuatorTable
     from ghostgpu.controller.app import load_any_config
     from ghostgpu.controller.ops import RestoreError
     from ghostgpu.controller.ops import restore as do_restore
 
-    ledger_ns = load_any_config(config).controller.namespace
+    ctrl = load_any_config(config).controller
+    table = ActuatorTable(ctrl.actuators)
     try:
-        done = asyncio.run(do_restore(target, namespace, kubeconfig=kubeconfig, ledger_namespace=ledger_ns))
+        done = asyncio.run(
+            do_restore(target, namespace, kubeconfig=kubeconfig, ledger_namespace=ctrl.namespace, table=table)
+        )
     except RestoreError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(1) from None
-    typer.echo(f"restored {done.ref.short} in {namespace} to {done.replicas} replicas")
+    typer.echo(done.summary())
 
 
 def register(app: typer.Typer) -> None:

@@ -38,6 +38,24 @@ class WorkloadRef(NamedTuple):
         return f"{self.kind.lower()}/{self.name}"
 
 
+class OwnerRef(NamedTuple):
+    """An object's controller ownerReference (managers.py walks these up to the manager)."""
+
+    kind: str
+    name: str
+    api_version: str
+    uid: str
+
+
+def controller_owner(meta: Mapping[str, Any]) -> OwnerRef | None:
+    o = next((o for o in meta.get("ownerReferences") or [] if o.get("controller")), None)
+    if o is None:
+        return None
+    return OwnerRef(
+        str(o.get("kind", "")), str(o.get("name", "")), str(o.get("apiVersion", "")), str(o.get("uid", ""))
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class PodView:
     """The parts of a Pod the controller needs (kept small: every pod in the cluster is cached)."""
@@ -97,6 +115,10 @@ class Workload:
     # The object as compact JSON (slim_raw): read only when writing (Events, the dry-run
     # comparison) or scoring risk, so it is kept as bytes, ~5x smaller than the same dicts.
     raw_json: bytes
+    owner: OwnerRef | None = None  # its controller ownerReference (managers.py)
+    # A controller owner of a kind with no actuator (managers.py): judged, never written; its
+    # reclaim is escalated once, naming the owner. `raw_json` then describes the owner.
+    no_actuator: bool = False
 
     @property
     def raw(self) -> dict[str, Any]:
@@ -234,6 +256,7 @@ def workload_from(
         volumes=pvcs + vcts,
         gpus_per_pod=_gpu_requests(pod_spec.get("containers") or [], is_gpu),
         raw_json=json.dumps(slim_raw(obj), separators=(",", ":")).encode(),
+        owner=controller_owner(meta),
     )
 
 
@@ -290,15 +313,25 @@ def owner_workload(pod: PodView) -> WorkloadRef | None:
 
 
 def pods_by_workload(
-    workloads: Mapping[WorkloadRef, Workload], pods: Iterable[PodView]
+    workloads: Mapping[WorkloadRef, Workload],
+    pods: Iterable[PodView],
+    top_of: Callable[[PodView], WorkloadRef | None] | None = None,
 ) -> dict[WorkloadRef, list[PodView]]:
+    """`top_of`: the pod's manager (managers.Resolution.top_of); owner_workload without it."""
     out: dict[WorkloadRef, list[PodView]] = {ref: [] for ref in workloads}
+    resolve = top_of or owner_workload
     for pod in pods:
-        ref = owner_workload(pod)
+        ref = resolve(pod)
         if ref is None or ref not in workloads:
             continue
         wl = workloads[ref]
-        if ref.kind != "Pod" and not selector_matches(wl.selector, pod.labels):
+        # A manager's pods are its by controller ownerReferences, and only its GPU pods are judged
+        # (a RayCluster's CPU head has no GPU series); a Deployment's or StatefulSet's must also
+        # match its selector (a pod sharing a name prefix is not its pod).
+        if ref.kind in ("Deployment", "StatefulSet"):
+            if not selector_matches(wl.selector, pod.labels):
+                continue
+        elif ref.kind != "Pod" and not pod.gpu_requests:
             continue
         out[ref].append(pod)
     for lst in out.values():

@@ -288,6 +288,30 @@ class Cluster:
             raise WouldMutate(f"{ref}: the admission chain would change " + "; ".join(changes))
         return await self._patch(rt, ref, body, dry_run=False)
 
+    async def patch_object(
+        self,
+        ref: WorkloadRef,
+        patch: Mapping[str, Any],
+        *,
+        resource_version: str | None = None,
+        current: Mapping[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        """A merge patch of any part of the object (a manager's stop: `spec.suspend`, an annotation
+        and its record together), guarded like patch_annotations: a dry-run first, and nothing is
+        written if the admission chain would change Kueue's fields (WouldMutate)."""
+        rt = RESOURCE_OF_KIND[ref.kind]
+        body_obj = dict(patch)
+        if resource_version:
+            body_obj["metadata"] = {**(body_obj.get("metadata") or {}), "resourceVersion": resource_version}
+        body = json.dumps(body_obj)
+        if current is None:
+            current = await self.get(ref)
+        after = await self._patch(rt, ref, body, dry_run=True)
+        changes = admission_changes(current, after)
+        if changes:
+            raise WouldMutate(f"{ref}: the admission chain would change " + "; ".join(changes))
+        return await self._patch(rt, ref, body, dry_run=False)
+
     async def _patch(self, rt: ResourceType, ref: WorkloadRef, body: str, *, dry_run: bool) -> dict[str, Any]:
         try:
             async with self.api.call_api(

@@ -7,10 +7,18 @@ from dataclasses import dataclass
 from typing import Any
 
 from ghostgpu.config import ControllerConfig
-from ghostgpu.controller import keys
+from ghostgpu.controller import keys, stops
 from ghostgpu.controller.accounting import FlavorAccount, FlavorSpec, node_flavor
+from ghostgpu.controller.actuators import ActuatorTable
 from ghostgpu.controller.app import LoadedConfig, _kube_api, _slim_node, discover_flavors
-from ghostgpu.controller.inventory import WorkloadRef, gpu_predicate, pod_view, workload_from
+from ghostgpu.controller.inventory import (
+    OwnerRef,
+    WorkloadRef,
+    controller_owner,
+    gpu_predicate,
+    pod_view,
+    workload_from,
+)
 from ghostgpu.controller.kube import (
     CLUSTERQUEUES,
     DEPLOYMENTS,
@@ -19,9 +27,11 @@ from ghostgpu.controller.kube import (
     PODS,
     STATEFULSETS,
     Cluster,
+    NotFound,
     WouldMutate,
 )
 from ghostgpu.controller.ledger import LedgerEntry, ReplicaLedger
+from ghostgpu.controller.managers import Resolver, manager_workload, register_kinds, resource_type
 from ghostgpu.controller.reconciler import Snapshot, accounting_from
 from ghostgpu.controller.revert_guard import RESTORE_MANAGER
 
@@ -42,17 +52,29 @@ class RestoreError(Exception):
     pass
 
 
-def parse_target(target: str, namespace: str) -> WorkloadRef:
+def parse_target(target: str, namespace: str, table: ActuatorTable | None = None) -> WorkloadRef:
+    """KIND/NAME; KIND is a kind of the actuator table in any case, its plural, or an alias."""
+    aliases = dict(KIND_ALIASES)
+    for a in (table or ActuatorTable()).managers:
+        aliases.setdefault(a.kind.lower(), a.kind)
+        aliases.setdefault(a.plural, a.kind)
     kind, sep, name = target.partition("/")
-    if not sep or not name or kind.lower() not in KIND_ALIASES:
-        raise RestoreError(f"expected KIND/NAME with KIND deployment or statefulset, got {target!r}")
-    return WorkloadRef(KIND_ALIASES[kind.lower()], namespace, name)
+    if not sep or not name or kind.lower() not in aliases:
+        known = ", ".join(sorted({v.lower() for v in aliases.values()}))
+        raise RestoreError(f"expected KIND/NAME with KIND one of {known}, got {target!r}")
+    return WorkloadRef(aliases[kind.lower()], namespace, name)
 
 
 @dataclass(frozen=True)
 class Restored:
     ref: WorkloadRef
-    replicas: int
+    replicas: int | None  # None: a manager restored through its actuator (see `what`)
+    what: str = ""
+
+    def summary(self) -> str:
+        if self.replicas is None:
+            return f"restored {self.ref.short} in {self.ref.namespace}: {self.what}"
+        return f"restored {self.ref.short} in {self.ref.namespace} to {self.replicas} replicas"
 
 
 async def restore(
@@ -61,15 +83,35 @@ async def restore(
     *,
     kubeconfig: str | None = None,
     ledger_namespace: str = ControllerConfig().namespace,
+    table: ActuatorTable | None = None,
 ) -> Restored:
     """Scale back to `ghostgpu.io/reclaimed-from-replicas` (the annotation, else the replica
-    ledger in `ledger_namespace`, the controller's namespace) and clear the record."""
-    ref = parse_target(target, namespace)
+    ledger in `ledger_namespace`, the controller's namespace) and clear the record; a manager
+    stopped through an annotation or a field (RayCluster, Notebook, ...) is undone from its
+    `ghostgpu.io/reclaimed-from` record (actuators.py)."""
+    table = table or ActuatorTable()
+    ref = parse_target(target, namespace, table)
     if ref.kind == "Pod":
         raise RestoreError("an evicted bare Pod cannot be scaled back; re-create it from its manifest")
+    register_kinds(table)
     # Its own field manager: the controller's revert guard tells restore's scale from a revert.
     cluster = Cluster(await _kube_api(kubeconfig), instance="ghostgpu-restore", field_manager=RESTORE_MANAGER)
-    return await restore_workload(cluster, ref, ReplicaLedger(cluster, ledger_namespace))
+    return await restore_any(cluster, ref, ReplicaLedger(cluster, ledger_namespace), table)
+
+
+async def restore_any(
+    cluster: Any, ref: WorkloadRef, ledger: ReplicaLedger, table: ActuatorTable
+) -> Restored:
+    a = table.get(ref.kind)
+    if a is None or a.stop == "scale":
+        return await restore_workload(cluster, ref, ledger)
+    try:
+        done = await stops.restore(cluster, ref, a)
+    except stops.NotReclaimed as exc:
+        raise RestoreError(str(exc)) from None
+    except NotFound:
+        raise RestoreError(f"{ref.short} not found in {ref.namespace}") from None
+    return Restored(ref, None, done.what)
 
 
 async def restore_workload(cluster: Any, ref: WorkloadRef, ledger: ReplicaLedger) -> Restored:
@@ -167,8 +209,12 @@ async def status(loaded: LoadedConfig, *, kubeconfig: str | None = None) -> list
     is_gpu = gpu_predicate([f.resource for f in loaded.flavors or []])
     flavors: list[FlavorSpec] = loaded.flavors or await discover_flavors(cluster, is_gpu)
     tracked: dict[WorkloadRef, Any] = {}
+    chain: dict[tuple[str, str, str], OwnerRef | None] = {}  # Deployment/StatefulSet -> its owner
     for kind, rt in (("Deployment", DEPLOYMENTS), ("StatefulSet", STATEFULSETS), ("Pod", PODS)):
         for obj in await cluster.list(rt):
+            meta = obj.get("metadata") or {}
+            if kind != "Pod":
+                chain[(kind, meta.get("namespace", ""), meta.get("name", ""))] = controller_owner(meta)
             labels = (obj.get("metadata") or {}).get("labels") or {}
             if labels.get(keys.TRACKED_LABEL) != "true":
                 continue
@@ -190,7 +236,25 @@ async def status(loaded: LoadedConfig, *, kubeconfig: str | None = None) -> list
         cqs = await cluster.list(CLUSTERQUEUES)
     except Exception:
         cqs = []
-    snap = Snapshot(namespaces=namespaces, workloads=tracked, pods=pods, nodes=nodes)
+    # The workloads at the top of their owner chains, as the controller sees them (managers.py).
+    table = ActuatorTable(loaded.controller.actuators)
+    managers: dict[WorkloadRef, Any] = {}
+    for a in table.managers:
+        try:
+            objs = await cluster.list(resource_type(a))
+        except Exception:  # no CRD, or no right to read it: that kind has no workload here
+            continue
+        for obj in objs:
+            wl = manager_workload(a, obj, is_gpu)
+            managers[wl.ref] = wl
+    by_pod = {(p.namespace, p.name): p for p in pods}
+
+    def pod_owner(ns: str, name: str) -> OwnerRef | None:
+        v = by_pod.get((ns, name))
+        return OwnerRef(v.owner_kind, v.owner_name or "", "", "") if v and v.owner_kind else None
+
+    res = Resolver(table).resolve(tracked, chain, managers, pods, pod_owner)
+    snap = Snapshot(namespaces=namespaces, workloads=res.workloads, pods=pods, nodes=nodes, top_of=res.top_of)
     accounts = accounting_from(flavors, snap, cqs)
     await _fill_reservations(cluster, loaded, flavors, snap, cqs, accounts)
     return accounts

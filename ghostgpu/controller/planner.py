@@ -10,9 +10,18 @@ from typing import Literal
 
 import yaml
 
-from ghostgpu.autonomy import ActionClass, AutonomyConfig, Decision, WorkloadFacts, decide_action
+from ghostgpu.autonomy import (
+    ActionClass,
+    ActionClassSpec,
+    AutonomyConfig,
+    Decision,
+    WorkloadFacts,
+    decide_action,
+)
 from ghostgpu.config import ControllerConfig
+from ghostgpu.controller.actuators import Actuator, ActuatorTable, table_from
 from ghostgpu.controller.inventory import Workload
+from ghostgpu.controller.stops import describe_stop
 from ghostgpu.verdict import RECLAIMABLE_KINDS, Verdict, VerdictKind
 
 ActionKind = Literal["none", "would-reclaim", "scale-to-zero", "evict", "escalate", "disabled"]
@@ -28,6 +37,24 @@ class Plan:
 
 def action_class(workload: Workload) -> ActionClass:
     return ActionClass.EVICT_POD if workload.ref.kind == "Pod" else ActionClass.SCALE_TO_ZERO
+
+
+def gate_for(
+    workload: Workload, autonomy: AutonomyConfig, table: ActuatorTable
+) -> tuple[str, AutonomyConfig, Actuator | None]:
+    """(action class, the gate's config, actuator) for reclaiming `workload`. A manager's stop is
+    scored as its own class, `stop_<kind>` with the actuator's base risk (the KServe stop deletes a
+    Deployment: riskier than a scale); a row of that name in autonomy.actionClasses wins."""
+    if workload.ref.kind in ("Pod", "Deployment", "StatefulSet") or workload.no_actuator:
+        return action_class(workload).value, autonomy, None
+    a = table.get(workload.ref.kind)
+    if a is None:
+        return action_class(workload).value, autonomy, None
+    name = a.action_class
+    if name not in autonomy.action_classes:
+        spec = ActionClassSpec(base_risk=a.base_risk, description=f"stop a {a.kind}: {describe_stop(a)}")
+        autonomy = autonomy.model_copy(update={"action_classes": {**autonomy.action_classes, name: spec}})
+    return name, autonomy, a
 
 
 def manifest_lines(workload: Workload) -> int:
@@ -72,9 +99,18 @@ def plan(
     if not cfg.actions.reclaim.allows(verdict.kind.value):
         return Plan(record, "disabled", note=f"actions.reclaim.{verdict.kind.value} is false")
     cls = action_class(workload)
-    decision = decide_action(
-        verdict.kind.value, cls.value, facts_for(workload, team), autonomy or cfg.autonomy
-    )
+    name, gate, _ = gate_for(workload, autonomy or cfg.autonomy, table_from(cfg.actuators))
+    decision = decide_action(verdict.kind.value, name, facts_for(workload, team), gate)
+    if workload.no_actuator:
+        # A controller owner ghostgpu cannot stop: writing its child would be undone by it.
+        why = (
+            f"{workload.ref.kind} {workload.ref.name} owns these GPU pods and has no actuator "
+            "(controller.actuators): ghostgpu does not write its children; stop it by hand or add an "
+            "actuator for its kind"
+        )
+        return Plan(
+            record, "escalate", decision.model_copy(update={"outcome": "escalate", "reason": why}), why
+        )
     if not decision.autonomous:
         return Plan(record, "escalate", decision, decision.reason)
     return Plan(

@@ -30,8 +30,9 @@ from typing import Any
 
 from ghostgpu.autonomy import AutonomyConfig
 from ghostgpu.config import ControllerConfig
-from ghostgpu.controller import keys
+from ghostgpu.controller import keys, stops
 from ghostgpu.controller.accounting import FlavorAccount, FlavorSpec, account, node_flavor
+from ghostgpu.controller.actuators import RECLAIMED_FROM_RECORD, Actuator, table_from
 from ghostgpu.controller.decisions import DecisionLog, DecisionRow
 from ghostgpu.controller.evidence import (
     WorkloadState,
@@ -107,6 +108,9 @@ class Snapshot:
     workloads: Mapping[WorkloadRef, Workload]  # tracked, any namespace
     pods: Sequence[PodView]  # every pod
     nodes: Sequence[Mapping[str, Any]]
+    # A pod -> its workload at the top of its owner chain (managers.Resolution.top_of); None:
+    # Deployment/StatefulSet/bare Pod only (inventory.owner_workload).
+    top_of: Callable[[PodView], WorkloadRef | None] | None = None
 
 
 @dataclass
@@ -156,7 +160,13 @@ class Reconciler:
         # the JSON pointers it writes, is_stopped), from `stop_spec` below.
         self.gitops = gitops
         self.revert_guard = RevertGuard(cluster, metrics)
-        self.stop_spec: Callable[[Workload], StopSpec | None] = lambda wl: stop_spec_for(wl.ref.kind)
+        # What each stop writes and how to tell it holds, from the actuator table (actuators.py):
+        # the pre-flight and the revert guard treat a RayCluster's suspend like a Deployment's scale.
+        self.stop_spec: Callable[[Workload], StopSpec | None] = self._stop_spec_of
+        self.actuators = table_from(cfg.actuators)
+        self._stop_specs: dict[str, StopSpec] = {
+            a.kind: StopSpec(tuple(a.writes), a.is_stopped) for a in self.actuators.by_kind.values()
+        }
         # --- end ---
         self.nudge_nodes = cfg.kueue_nudge if nudge_nodes is None else nudge_nodes
         # Where replica counts go when the workload's annotations cannot be written (ledger.py).
@@ -262,7 +272,7 @@ class Reconciler:
     ) -> dict[WorkloadRef, tuple[Workload, list[PodView], WorkloadState]]:
         opted_in = {ns for ns, labels in snap.namespaces.items() if namespace_opted_in(labels)}
         workloads = {ref: wl for ref, wl in snap.workloads.items() if ref.namespace in opted_in}
-        pods_of = result.pods_of = pods_by_workload(workloads, snap.pods)
+        pods_of = result.pods_of = pods_by_workload(workloads, snap.pods, snap.top_of)
         # Namespaces that opted out, deleted workloads: forget them entirely.
         for ref in list(self.states):
             if ref not in workloads:
@@ -281,7 +291,8 @@ class Reconciler:
                 st.reset_window()
                 continue
             if not running:
-                result.states["reclaimed" if self.reclaimed_from(wl) is not None else "no-running-pod"] += 1
+                stopped = self.reclaimed_from(wl) is not None or RECLAIMED_FROM_RECORD in wl.annotations
+                result.states["reclaimed" if stopped else "no-running-pod"] += 1
                 st.reset_window()
                 continue
             reclaimed = self.reclaimed_pods.get(ref)
@@ -414,7 +425,9 @@ class Reconciler:
             )
             verdict = decide(evidence, self.policy)
             recorded = _recorded(wl, pods)
-            previous = _verdict_of(recorded)
+            # An owner with no actuator carries no verdict annotation (nothing is written to it):
+            # its previous verdict is this process's memory, so its Events follow verdict changes.
+            previous = st.last_verdict if wl.no_actuator else _verdict_of(recorded)
             team = snap.namespaces.get(ref.namespace, {}).get(keys.TEAM_LABEL)
             p = plan(wl, verdict, previous, self.cfg, team=team, autonomy=self.autonomy)
             result.judged[ref] = Judged(wl, pods, verdict, evidence, p)
@@ -427,7 +440,7 @@ class Reconciler:
                 if verdict.kind not in RECLAIMABLE_KINDS:
                     st.escalated_for = st.blocked_for = None  # re-arm: a later ghost is announced again
                 if p.action in _NO_ACTION:
-                    if p.record or _reasons_changed(recorded, verdict):
+                    if p.record or (not wl.no_actuator and _reasons_changed(recorded, verdict)):
                         records.append((wl, pods, st, verdict, evidence, p))
                     continue  # most workloads on most polls: nothing to write, no apply() call
                 # Reclaims and escalations: one at a time, in order (the ledger ConfigMap is shared).
@@ -463,6 +476,14 @@ class Reconciler:
         return result
 
     # --- step 4: writes (leader only) ----------------------------------------------------------
+
+    def _would(self, wl: Workload) -> str:
+        if wl.ref.kind == "Pod":
+            return "evict"
+        if wl.no_actuator:
+            return "escalate (no actuator for its kind) about"
+        a = self.actuators.get(wl.ref.kind) if wl.ref.kind not in ("Deployment", "StatefulSet") else None
+        return f"stop ({stops.describe_stop(a)})" if a is not None and a.stop != "scale" else "scale to 0"
 
     async def _apply_one(self, result: PollResult, *args: Any) -> None:
         wl = args[0]
@@ -531,13 +552,17 @@ class Reconciler:
                 await self.cluster.event(
                     wl.raw,
                     reason="WouldReclaim",
-                    message=f"shadow mode: would {'evict' if ref.kind == 'Pod' else 'scale to 0'} "
+                    message=f"shadow mode: would {self._would(wl)} "
                     f"{ref.short} ({verdict.kind.value}); nothing was touched",
                 )
                 outcome = "would-reclaim"
         if p.action == "scale-to-zero":
-            outcome = await self.scale_to_zero(wl, verdict)
-            if outcome == "scaled-to-zero":
+            actuator = self.actuators.get(ref.kind) if ref.kind not in ("Deployment", "StatefulSet") else None
+            if actuator is not None and actuator.stop != "scale":
+                outcome = await self.stop_manager(wl, verdict, actuator)
+            else:
+                outcome = await self.scale_to_zero(wl, verdict)
+            if outcome in RECLAIM_OUTCOMES:
                 self.reclaimed_pods[ref] = (frozenset(pod.uid for pod in pods), self.clock())
         elif p.action == "evict":
             outcome = await self.evict(wl, pods, verdict)
@@ -546,7 +571,45 @@ class Reconciler:
             outcome = await self._escalate(wl, pods, verdict, p)
         return outcome
 
+    def _stop_spec_of(self, wl: Workload) -> StopSpec | None:
+        """None for an evicted bare Pod and for an owner with no actuator (nothing is stopped)."""
+        if wl.ref.kind == "Pod" or wl.no_actuator:
+            return None
+        return self._stop_specs.get(wl.ref.kind) or stop_spec_for(wl.ref.kind)
+
+    async def stop_manager(self, wl: Workload, verdict: Verdict, actuator: Actuator) -> str:
+        """A manager's annotation or field stop, with its record, on the manager itself (stops.py)."""
+        ref = wl.ref
+        done = await stops.stop(
+            self.cluster,
+            ref,
+            actuator,
+            is_leader=self.is_leader(),
+            before=lambda fresh: self._before_stop(wl, fresh, verdict),  # revert mark, GitOps pre-flight
+        )
+        if done.outcome == "blocked" and done.fresh is not None:
+            await self._blocked(done.fresh, ref, verdict, done.detail)
+            return "blocked-by-webhook"
+        if done.outcome != "stopped" or done.fresh is None:
+            return done.outcome
+        self.revert_guard.saw_stopped(wl.uid, done.record)
+        self.metrics.reclaims.labels(ref.namespace, verdict.kind.value, "stop").inc()
+        await self.cluster.event(
+            done.fresh,
+            reason="Reclaimed",
+            message=f"stopped {ref.short} through its own API: {stops.describe_stop(actuator)} "
+            f"({verdict.kind.value}; previous value recorded in {RECLAIMED_FROM_RECORD}); undo: "
+            f"ghostgpu restore {ref.short} -n {ref.namespace}",
+            type_="Warning",
+        )
+        log.warning(
+            "reclaimed", extra={"workload": str(ref), "verdict": verdict.kind, "stop": actuator.writes}
+        )
+        return "stopped"
+
     async def _annotate(self, wl: Workload, pods: Sequence[PodView], annotations: Mapping[str, str]) -> None:
+        if wl.no_actuator:
+            return  # a controller owner ghostgpu has no rights on: nothing is written to it or its children
         try:
             await self.cluster.patch_annotations(wl.ref, annotations, current=wl.raw)
         except AdmissionDenied as exc:
@@ -659,6 +722,18 @@ class Reconciler:
         opted_in = {ns for ns, labels in snap.namespaces.items() if namespace_opted_in(labels)}
         for ref, wl in snap.workloads.items():
             record = self.reclaimed_from(wl) if ref.namespace in opted_in else None
+            if record is None and ref.namespace in opted_in and RECLAIMED_FROM_RECORD in wl.annotations:
+                # A manager's annotation or field stop: its record is the previous values (stops.py).
+                stop = self.stop_spec(wl)
+                if stop is not None:
+                    candidates.append(
+                        Candidate(
+                            ref, wl.uid, wl.annotations[RECLAIMED_FROM_RECORD],
+                            parse_time(wl.annotations.get(keys.RECLAIMED_AT)), stop.is_stopped(wl.raw),
+                            stop, record_keys=(RECLAIMED_FROM_RECORD, keys.RECLAIMED_AT),
+                        )
+                    )  # fmt: skip
+                continue
             stop = self.stop_spec(wl) if record is not None else None
             if record is None or stop is None:
                 continue
@@ -799,7 +874,7 @@ class Reconciler:
             {
                 p.node_name
                 for ref, outcome in result.actions
-                if outcome in ("scaled-to-zero", "evict-evicted")
+                if outcome in (*RECLAIM_OUTCOMES, "evict-evicted")
                 for p in result.judged[ref].pods
                 if p.node_name
             }
@@ -852,6 +927,9 @@ def _verdict_of(wl: Workload | Mapping[str, str]) -> VerdictKind | None:
     except ValueError:
         return None
 
+
+# Outcomes of a reclaim that stops pods (the settle skip, the Kueue nudge).
+RECLAIM_OUTCOMES = ("scaled-to-zero", "stopped")
 
 # Verdict writes in flight at once (Reconciler._apply_records).
 WRITE_CONCURRENCY = 8
@@ -920,7 +998,7 @@ def accounting_from(
     opted_in = {ns for ns, labels in snap.namespaces.items() if namespace_opted_in(labels)}
     workloads = {ref: wl for ref, wl in snap.workloads.items() if ref.namespace in opted_in}
     if pods_of is None:
-        pods_of = pods_by_workload(workloads, snap.pods)
+        pods_of = pods_by_workload(workloads, snap.pods, snap.top_of)
     buckets = outside_kueue_buckets(judged or {}, workloads, pods_of)
     return account(flavors, snap.nodes, snap.pods, cluster_queues, buckets)
 

@@ -548,6 +548,10 @@ class _Starter:
                 "--metricsHost=127.0.0.1",
                 f"--metricsPort={self.ports['kyverno_metrics']}",
                 "--controllerRuntimeMetricsAddress=0",
+                # Refresh discovery when a CRD appears: tests install manager CRDs (KubeRay's
+                # RayCluster, test doubles) after Kyverno started; without it Kyverno refuses
+                # those kinds ("resource ... not found in group") until its 15 min resync.
+                "--crdWatcher=true",
                 "--disableLogColor",
                 "-v=2",
             ],
@@ -561,6 +565,10 @@ class _Starter:
                 "--metricsHost=127.0.0.1",
                 f"--metricsPort={self.ports['kyverno_bg_metrics']}",
                 "--controllerRuntimeMetricsAddress=0",
+                # Refresh discovery when a CRD appears: tests install manager CRDs (KubeRay's
+                # RayCluster, test doubles) after Kyverno started; without it Kyverno refuses
+                # those kinds ("resource ... not found in group") until its 15 min resync.
+                "--crdWatcher=true",
                 "--disableLogColor",
                 "-v=2",
             ],

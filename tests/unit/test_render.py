@@ -160,9 +160,13 @@ def test_every_gpu_resource_is_in_the_tracking_match_logic(custom_files: dict[st
         gpu_var = next(v for v in policy["spec"]["variables"] if v["name"] == "gpuResources")
         assert sorted(re.findall(r"'([^']+)'", gpu_var["expression"])) == resources
     [condition] = mutating[0]["spec"]["matchConditions"]
+    from ghostgpu.controller.actuators import ActuatorTable
+
+    # The manager kinds of the actuator table: once per container pointer of each.
+    managers = sum(len(a.containers) + len(a.container) for a in ActuatorTable().tracked())
     for resource in resources:
-        # containers and initContainers, limits and requests
-        assert condition["expression"].count(f"'{resource}'") == 2
+        # containers and initContainers of pod templates, limits and requests
+        assert condition["expression"].count(f"'{resource}'") == 2 + managers
         assert "limits" in condition["expression"]
         assert "requests" in condition["expression"]
         assert "initContainers" in condition["expression"]
@@ -186,7 +190,12 @@ def test_tracking_policy_shape(default_files: dict[str, str]) -> None:
         assert "ownerReferences" in should
         assert "['Pod', 'Deployment', 'StatefulSet']" in should
     rules = admission["spec"]["matchConstraints"]["resourceRules"]
-    assert {r for rule in rules for r in rule["resources"]} == {"pods", "deployments", "statefulsets"}
+    # Plus the actuator table's tracked manager kinds (the top object: a RayCluster, not its pods).
+    assert {r for rule in rules for r in rule["resources"]} == {
+        "pods", "deployments", "statefulsets",
+        "inferenceservices", "leaderworkersets", "nimservices", "notebooks", "rayclusters",
+    }  # fmt: skip
+    assert {"keda.sh", "ray.io"} & {g for rule in rules for g in rule["apiGroups"]} == {"ray.io"}
     assert admission["spec"]["matchConstraints"]["namespaceSelector"] == {
         "matchLabels": {"ghostgpu.io/reclaim": "enabled"}
     }

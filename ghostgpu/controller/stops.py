@@ -1,0 +1,125 @@
+"""Stopping and restoring a manager through its actuator (annotation and field stops; a `scale`
+actuator goes through the scale subresource like a Deployment, Reconciler.scale_to_zero).
+
+The stop and its record (`ghostgpu.io/reclaimed-from`, the previous value of every pointer the stop
+writes) are ONE merge patch with the object's resourceVersion as precondition: the object is never
+stopped without the record `ghostgpu restore` needs, and a concurrent change makes it a no-op
+(409). Both land on the top object, never on a child its manager rewrites.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from ghostgpu.controller import keys
+from ghostgpu.controller.actuators import RECLAIMED_FROM_RECORD, Actuator
+from ghostgpu.controller.inventory import WorkloadRef
+from ghostgpu.controller.kube import AdmissionDenied, Conflict, NotFound
+
+log = logging.getLogger("ghostgpu.controller")
+
+
+def describe_stop(a: Actuator) -> str:
+    if a.stop == "annotation":
+        return f"annotation {a.annotation}={a.value}"
+    if a.stop == "field":
+        return f"{a.field}={a.value}"
+    return "scale to 0"
+
+
+@dataclass(frozen=True)
+class StopOutcome:
+    # "stopped", "gone", "already-stopped", "exempt", "not-leader", "conflict", "blocked", or what
+    # `before` answered (a revert mark, the GitOps pre-flight)
+    outcome: str
+    fresh: Mapping[str, Any] | None = None
+    detail: str = ""
+    record: str = ""  # the ghostgpu.io/reclaimed-from value written with the stop
+
+
+async def stop(
+    cluster: Any,
+    ref: WorkloadRef,
+    a: Actuator,
+    *,
+    is_leader: bool,
+    before: Callable[[Mapping[str, Any]], Awaitable[str | None]] | None = None,
+) -> StopOutcome:
+    """Re-read the object and stop it through its actuator (leader only). `before(fresh)`: None to
+    go ahead, else the outcome that replaces the stop (nothing is written)."""
+    try:
+        fresh = await cluster.get(ref)
+    except NotFound:
+        return StopOutcome("gone")
+    meta = fresh.get("metadata") or {}
+    ann = meta.get("annotations") or {}
+    if a.is_stopped(fresh):
+        return StopOutcome("already-stopped", fresh)  # someone (a person, the other replica) did
+    if ann.get(keys.RECLAIM_POLICY) == "never" or ann.get(keys.GPU_EVICTION_POLICY) == "never":
+        return StopOutcome("exempt", fresh)
+    if not is_leader:
+        return StopOutcome("not-leader", fresh)
+    held = await before(fresh) if before is not None else None
+    if held is not None:
+        return StopOutcome(held, fresh)
+    patch = a.stop_patch(fresh)
+    try:
+        await cluster.patch_object(ref, patch, resource_version=meta.get("resourceVersion"), current=fresh)
+    except Conflict:
+        return StopOutcome("conflict", fresh)  # changed since read: judged again next poll
+    except NotFound:
+        return StopOutcome("gone")
+    except AdmissionDenied as exc:
+        return StopOutcome("blocked", fresh, str(exc)[:300])
+    return StopOutcome("stopped", fresh, record=patch["metadata"]["annotations"][RECLAIMED_FROM_RECORD])
+
+
+@dataclass(frozen=True)
+class RestoredManager:
+    ref: WorkloadRef
+    what: str  # e.g. "/spec/suspend=false"
+
+
+class NotReclaimed(Exception):
+    pass
+
+
+async def restore(cluster: Any, ref: WorkloadRef, a: Actuator) -> RestoredManager:
+    """Undo `stop` from the record on the object (a resourceVersion precondition: two concurrent
+    restores cannot both apply). Also clears the verdict annotations, so the controller judges
+    the restarted pods from scratch."""
+    obj = await cluster.get(ref)
+    meta = obj.get("metadata") or {}
+    if RECLAIMED_FROM_RECORD not in (meta.get("annotations") or {}):
+        raise NotReclaimed(
+            f"{ref.short} in {ref.namespace} has no {RECLAIMED_FROM_RECORD} annotation: not reclaimed"
+        )
+    try:
+        patch = a.restore_patch(obj)
+    except ValueError as exc:
+        raise NotReclaimed(f"{ref.short} in {ref.namespace}: {exc}") from None
+    ann_patch = {**patch["metadata"]["annotations"], keys.VERDICT: None, keys.EVIDENCE: None}
+    patch = {**patch, "metadata": {**patch["metadata"], "annotations": ann_patch}}
+    await cluster.patch_object(ref, patch, resource_version=meta.get("resourceVersion"), current=obj)
+    restored = ", ".join(
+        f"{p}={'(removed)' if v is None else json.dumps(v)}"
+        for p, v in _flatten(patch).items()
+        if "ghostgpu.io" not in p
+    )
+    await cluster.event(obj, reason="Restored", message=f"ghostgpu restore: {ref.short}: {restored}")
+    return RestoredManager(ref, restored)
+
+
+def _flatten(patch: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in patch.items():
+        key = f"{prefix}/{k.replace('~', '~0').replace('/', '~1')}"
+        if isinstance(v, Mapping):
+            out.update(_flatten(v, key))
+        else:
+            out[key] = v
+    return out
