@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import sys
@@ -556,3 +557,84 @@ async def test_every_manager_actuator_stops_and_restores_exactly_against_its_crd
         expected = deep_merge(expected, merge_patch_for(a.writes[0], a.restore_value))
     assert user_view(after) == expected, "restore puts the object back exactly"
     assert not [k for k in after["metadata"].get("annotations") or {} if k.startswith("ghostgpu.io/")]
+
+
+# --- faults during an owner's stop: a real 409, the owner deleted mid-action ----------------------
+
+FAULT_KINDS = ["InferenceService", "LeaderWorkerSet", "NIMService"]  # annotation, scale, field stops
+
+
+def ghostgpu_annotations(obj: Mapping[str, Any]) -> dict[str, str]:
+    ann = obj["metadata"].get("annotations") or {}
+    return {k: v for k, v in ann.items() if k.startswith("ghostgpu.io/")}
+
+
+@pytest.mark.parametrize(
+    "fault",
+    ["conflict-before-write", "deleted-before-write", "conflict-after-record", "deleted-after-record"],
+)
+@pytest.mark.parametrize("kind", FAULT_KINDS)
+async def test_faults_during_an_owner_stop_never_reclaim_falsely_nor_lose_records(
+    kind: str, fault: str, devcluster: DevCluster, make_namespace: Callable[..., str], tmp_path: Path
+) -> None:
+    """The fault lands between the controller's read and its write (a real 409 from the
+    resourceVersion precondition, a real 404), or, for a scale stop, between the record and the
+    scale. Afterwards: nothing stopped, no Reclaimed Event and no reclaim counted, no record left
+    without its stop; a later stop and `ghostgpu restore` still work exactly."""
+    a = ActuatorTable().by_kind[kind]
+    if fault.endswith("after-record") and a.stop != "scale":
+        pytest.skip("an annotation or field stop is one write with its record: no 'after the record'")
+    install_crd_of(devcluster, kind)
+    ns, name = make_namespace(prefix="fault"), f"{kind.lower()}-f"
+    devcluster.kube.apply(manager_object(kind, name, ns))
+    custom = client.CustomObjectsApi(devcluster.kube.api_client)
+    path = (a.group, a.version, ns, a.plural, name)
+    actor = await Actor.start(devcluster, tmp_path)
+    rec = actor.rec
+
+    def concurrent_write() -> None:  # someone else changes the object: a person, its manager
+        if a.stop == "scale":
+            custom.patch_namespaced_custom_object_scale(*path, {"spec": {"replicas": 3}})
+        else:
+            custom.patch_namespaced_custom_object(*path, {"metadata": {"labels": {"edited": "yes"}}})
+
+    def delete() -> None:
+        custom.delete_namespaced_custom_object(*path)
+
+    inject = concurrent_write if fault.startswith("conflict") else delete
+    real_before, real_scale = rec._before_stop, rec.cluster.scale
+    if fault.endswith("before-write"):
+
+        async def before(wl: Any, fresh: Any, verdict: Any) -> str | None:
+            await asyncio.to_thread(inject)  # after the controller's GET, before its write
+            return await real_before(wl, fresh, verdict)
+
+        rec._before_stop = before  # type: ignore[method-assign]
+    else:
+
+        async def scale(ref: Any, replicas: int, **kw: Any) -> None:
+            await asyncio.to_thread(inject)  # after the record landed, before the scale
+            await real_scale(ref, replicas, **kw)
+
+        rec.cluster.scale = scale  # type: ignore[method-assign]
+    outcome = await actor.stop(get_object(devcluster, kind, ns, name))
+    assert outcome == ("conflict" if fault.startswith("conflict") else "gone")
+    assert events(devcluster, ns, name, "Reclaimed") == 0
+    assert rec.metrics.reclaims.labels(ns, "FINISHED_IDLE", "stop")._value.get() == 0
+    assert rec.metrics.reclaims.labels(ns, "FINISHED_IDLE", "scale-to-zero")._value.get() == 0
+    if fault.startswith("deleted"):
+        out = restore(devcluster, f"{kind.lower()}/{name}", ns)
+        assert out.returncode == 1 and "not found" in out.stderr, (out.stdout, out.stderr)
+        return
+    obj = get_object(devcluster, kind, ns, name)
+    assert not a.is_stopped(obj), "a 409 stops nothing"
+    assert ghostgpu_annotations(obj) == {}, "no record without its stop"
+    # The next poll's stop, from a fresh read, lands with a record of the current state.
+    rec._before_stop, rec.cluster.scale = real_before, real_scale  # type: ignore[method-assign]
+    before = user_view(obj)
+    assert await actor.stop(obj) == STOPPED_OUTCOME.get(a.stop, "stopped")
+    assert a.is_stopped(get_object(devcluster, kind, ns, name))
+    out = restore(devcluster, f"{kind.lower()}/{name}", ns)
+    assert out.returncode == 0, out.stderr
+    after = get_object(devcluster, kind, ns, name)
+    assert user_view(after) == before and ghostgpu_annotations(after) == {}
