@@ -10,6 +10,13 @@
   not stick; the stop annotation on the Notebook does; `ghostgpu restore notebook/NAME` undoes it.
 - An owner kind with no actuator (the `Trainer` double): 0 writes to its child, exactly one
   escalation naming the owner.
+- Every built-in manager actuator against its CRD (the real one where a Go module serves it:
+  LeaderWorkerSet, InferenceService, ScaledObject from `hack/testbin owner-crds`, RayCluster from
+  KubeRay; else the double): the controller's own stop (Reconciler.stop_manager/scale_to_zero) and
+  `ghostgpu restore KIND/NAME` are both accepted by the apiserver's schema, the record lives on the
+  top object, and restore puts the object back exactly.
+- Faults during an owner's stop (a real 409 from a concurrent write, the owner deleted mid-action;
+  for a scale stop also between the record and the scale): 0 false reclaims, 0 lost records.
 """
 
 from __future__ import annotations
