@@ -935,10 +935,30 @@ class Reconciler:
                     self.metrics.gpu_hours_reclaimable.labels(ref.namespace, flavor).inc(gpus * hours)
         self.metrics.set_ghosts(ghosts)
         for ref, wl in snap.workloads.items():
-            reclaimed_from = self.reclaimed_from(wl)
-            if reclaimed_from and wl.replicas == 0:
-                gpus = sum(wl.gpus_per_pod.values()) * reclaimed_from
+            pods = self.recovered_pods(wl)
+            if pods:
+                gpus = sum(wl.gpus_per_pod.values()) * pods
                 self.metrics.gpu_hours_recovered.labels(ref.namespace, "all").inc(gpus * hours)
+
+    def recovered_pods(self, wl: Workload) -> int | None:
+        """How many pods' GPUs a reclaim of `wl` holds free now (None: not reclaimed, or undone).
+        Scaled to 0: its recorded replica count. A manager stopped through an annotation or a field
+        (a suspended RayCluster, a stopped Notebook or InferenceService, a NIMService at 0): while
+        the stop holds, its replica count before the stop (the record's, when the stop wrote the
+        replica count itself), else its pod templates' replicas (1 without a count)."""
+        reclaimed_from = self.reclaimed_from(wl)
+        if reclaimed_from is not None:
+            return reclaimed_from if wl.replicas == 0 else None
+        raw = wl.annotations.get(RECLAIMED_FROM_RECORD)
+        a = self.actuators.get(wl.ref.kind) if wl.ref.kind not in ("Deployment", "StatefulSet") else None
+        if raw is None or a is None or a.stop == "scale" or not a.is_stopped(wl.raw):
+            return None
+        try:
+            record = json.loads(raw)
+        except ValueError:
+            return None
+        before = record.get(a.replicas) if isinstance(record, dict) and a.replicas else None
+        return int(before) if isinstance(before, int | float) else wl.replicas
 
 
 def _recorded(wl: Workload, pods: Sequence[PodView] = ()) -> Mapping[str, str]:
