@@ -51,6 +51,7 @@ from ghostgpu.controller import keys
 from ghostgpu.controller.accounting import FlavorSpec, node_flavors_of
 from ghostgpu.controller.inventory import PodView, Workload, WorkloadRef, namespace_opted_in
 from ghostgpu.controller.kube import ResourceType, status_of
+from ghostgpu.quantity import parse_quantity
 
 log = logging.getLogger("ghostgpu.controller.reservation")
 
@@ -380,6 +381,7 @@ class ReservationReport:
     marked_ready: int = 0
     errors: int = 0
     evicted: list[Placeholder] = field(default_factory=list)  # this poll's newly seen evictions
+    borrowed: dict[tuple[str, str], int] = field(default_factory=dict)  # borrowed_reservations
 
     def desired_by(self) -> dict[tuple[str, str, str], int]:
         out: dict[tuple[str, str, str], int] = {}
@@ -586,6 +588,33 @@ def desired_from(
     )
 
 
+def borrowed_reservations(
+    admitted: Mapping[tuple[str, str], int],
+    cluster_queues: Iterable[Mapping[str, Any]],
+    resource_of: Mapping[str, str],
+) -> dict[tuple[str, str], int]:
+    """(ClusterQueue, flavor) -> GPUs of the admitted reservation that may stand on quota borrowed
+    in the cohort: at most what the ClusterQueue borrows of that flavor's GPU resource
+    (status.flavorsUsage[].resources[].borrowed). A reclaim by the lender (`reclaimWithinCohort`)
+    or fair sharing may preempt a Workload of a borrowing ClusterQueue, the placeholder too; Kueue
+    then admits the lender's work onto GPUs the holder still uses until the placeholder is admitted
+    again (docs/reservation.md). Whole GPUs, rounded up."""
+    borrowed: dict[tuple[str, str], float] = {}
+    for cq in cluster_queues:
+        name = str((cq.get("metadata") or {}).get("name", ""))
+        for fu in (cq.get("status") or {}).get("flavorsUsage") or []:
+            flavor = str(fu.get("name", ""))
+            for r in fu.get("resources") or []:
+                if r.get("name") == resource_of.get(flavor) and r.get("borrowed"):
+                    borrowed[(name, flavor)] = float(parse_quantity(str(r["borrowed"])))
+    out: dict[tuple[str, str], int] = {}
+    for key, gpus in sorted(admitted.items()):
+        at_risk = min(gpus, math.ceil(borrowed.get(key, 0.0)))
+        if at_risk > 0:
+            out[key] = at_risk
+    return out
+
+
 def fill_accounts(
     accounts: Iterable[Any], desired: Sequence[Reservation], admitted: Mapping[tuple[str, str], int]
 ) -> None:
@@ -617,6 +646,14 @@ class ReservationMetrics:
             ["cluster_queue", "flavor"],
             registry=registry,
         )
+        self.borrowed = Gauge(
+            "ghostgpu_reservation_borrowed_gpus",
+            "GPUs of the admitted reservation that may stand on quota the ClusterQueue borrows in its "
+            "cohort: a reclaim by the lender or fair sharing can preempt them (then Kueue admits the "
+            "lender's work onto GPUs still held until the placeholder is admitted again).",
+            ["cluster_queue", "flavor"],
+            registry=registry,
+        )
         self.evictions = Counter(
             "ghostgpu_reservation_evictions_total",
             "Placeholder Workloads Kueue evicted (then deleted and created again by the controller), by "
@@ -639,6 +676,9 @@ class ReservationMetrics:
         self.admitted.clear()
         for (cq, flavor), gpus in sorted(report.admitted.items()):
             self.admitted.labels(cq, flavor).set(gpus)
+        self.borrowed.clear()
+        for (cq, flavor), gpus in sorted(report.borrowed.items()):
+            self.borrowed.labels(cq, flavor).set(gpus)
         for p in report.evicted:
             self.evictions.labels(p.cluster_queue, p.eviction_reason).inc()
         for kind, n in (
@@ -658,6 +698,7 @@ __all__ = [
     "ReservationReport",
     "Reservations",
     "admitted_by_flavor",
+    "borrowed_reservations",
     "cq_flavors",
     "desired_from",
     "desired_reservations",

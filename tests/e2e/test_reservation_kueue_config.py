@@ -249,6 +249,9 @@ def test_a_placeholder_preempted_by_a_cohort_reclaim_is_counted_announced_and_re
             return ws[0]["metadata"]["uid"] if ok and a.cq_usage() == 6 else None
 
         first = wait_for(reserved, 60, "A's 6 held GPUs reserved (2 of them borrowed from B)")
+        borrowed = "ghostgpu_reservation_borrowed_gpus"
+        wait_for(lambda: ctl is not None and ctl.metric(borrowed, cluster_queue=a.cq) == 2, 30,
+                 "the 2 borrowed GPUs of the reservation reported")  # fmt: skip
 
         # B reclaims its lent quota: Kueue preempts the placeholder.
         seen: list[tuple[int, float]] = []  # (placeholders of x, A's usage) over the reclaim
@@ -301,6 +304,7 @@ def test_a_placeholder_preempted_by_a_cohort_reclaim_is_counted_announced_and_re
         ctl.wait_polls(2)
         assert reserved() is not None and a.cq_usage() == 6
         assert ctl.metric(EVICTIONS, cluster_queue=a.cq) == 1  # one eviction, counted once
+        assert ctl.metric(borrowed, cluster_queue=a.cq) == 2
         # Never two placeholders for x, never more than the 6 held counted.
         assert max(n for n, _ in seen) == 1 and max(u for _, u in seen) <= 6
     finally:
@@ -315,6 +319,79 @@ def test_a_placeholder_preempted_by_a_cohort_reclaim_is_counted_announced_and_re
         for w in a.workloads(PLACEHOLDERS):
             kube.delete("/".join(KUEUE), "Workload", w["metadata"]["name"], ns_a)
         kube.delete("apps/v1", "Deployment", "x", ns_a)
+        for obj in reversed(objs):
+            md = obj["metadata"]
+            kube.delete("/".join(KUEUE), obj["kind"], md["name"], md.get("namespace"))
+
+
+def test_a_higher_priority_placeholder_would_preempt_its_own_teams_running_work(
+    devcluster: DevCluster, make_namespace: Callable[..., str], process_tables: ProcessTables
+) -> None:
+    """Why placeholders keep the default priority (docs/reservation.md): a Kueue-managed serving
+    Deployment of 4 fills its team's ClusterQueue of 4 (withinClusterQueue: LowerPriority, as in the
+    example bundle); a placeholder for 2 GPUs held outside Kueue does not fit. At the default
+    priority it waits and nothing is touched; at a higher priority -- what would make a placeholder
+    immune to a lower-priority reclaim -- Kueue preempts the running Deployment's pod: live work
+    killed to fix the books."""
+    kube = devcluster.kube
+    uid = uuid.uuid4().hex[:6]
+    ns = make_namespace({}, prefix="team")
+    t = Team(devcluster, ns, f"cq-{uid}", f"h100-{uid}")
+    toleration = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+    objs = [
+        {"kind": "ResourceFlavor", "metadata": {"name": t.flavor},
+         "spec": {"nodeLabels": H100_NODE, "tolerations": toleration}},
+        {"kind": "ClusterQueue", "metadata": {"name": t.cq},
+         "spec": {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns}},
+                  "preemption": {"withinClusterQueue": "LowerPriority"},
+                  "resourceGroups": [{"coveredResources": ["nvidia.com/gpu"], "flavors": [
+                      {"name": t.flavor, "resources": [{"name": "nvidia.com/gpu", "nominalQuota": 4}]}]}]}},
+        {"kind": "LocalQueue", "metadata": {"name": QUEUE, "namespace": ns}, "spec": {"clusterQueue": t.cq}},
+    ]  # fmt: skip
+    for obj in objs:
+        kube.apply({"apiVersion": "/".join(KUEUE), **obj})
+    try:
+        serve = deployment("serve", ns, gpus=4)
+        serve["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] = QUEUE
+        serve["spec"]["template"]["spec"]["nodeSelector"] = H100_NODE
+        kube.apply(serve)
+        pod = wait_for(lambda: _running_pod(t, "serve"), 90, "the Kueue-managed Deployment running")
+        process_tables.set(ns, pod, LIVE)
+
+        def serve_preempted() -> list[str]:
+            return [
+                w["metadata"]["name"]
+                for w in t.workloads()
+                if w["metadata"].get("labels", {}).get("ghostgpu.io/reservation") != "true"
+                and conditions(w).get("Evicted", {}).get("status") == "True"
+            ]
+
+        for priority in (None, 1000):
+            held = Reservation(ns, "deployment/x", t.flavor, "nvidia.com/gpu", 2, t.cq, QUEUE, "")
+            ph = placeholder_object(held, H100_NODE)
+            if priority is not None:
+                ph["spec"]["priority"] = priority
+            kube.apply(ph)
+            if priority is None:
+                time.sleep(3 * POLL)
+                [w] = t.workloads(PLACEHOLDERS)
+                assert conditions(w).get("QuotaReserved", {}).get("status") != "True", (
+                    "it does not fit: it waits"
+                )
+                assert serve_preempted() == [] and _running_pod(t, "serve") == pod
+                print("default-priority placeholder: waits, the running Deployment is untouched")
+                kube.delete("/".join(KUEUE), "Workload", ph["metadata"]["name"], ns)
+                wait_for(lambda: not t.workloads(PLACEHOLDERS), 30, "the placeholder gone")
+            else:
+                victims = wait_for(serve_preempted, 30, "Kueue to preempt the running Deployment's Workload")
+                print(f"priority-{priority} placeholder: Kueue preempted {victims} (the running serving pod)")
+                wait_for(lambda: _running_pod(t, "serve") != pod, 30, "the serving pod stopped")
+        process_tables.clear(ns, pod)
+    finally:
+        with contextlib.suppress(client.ApiException):
+            kube.delete("apps/v1", "Deployment", "serve", ns)
+        for w in t.workloads(PLACEHOLDERS):
+            kube.delete("/".join(KUEUE), "Workload", w["metadata"]["name"], ns)
         for obj in reversed(objs):
             md = obj["metadata"]
             kube.delete("/".join(KUEUE), obj["kind"], md["name"], md.get("namespace"))

@@ -27,6 +27,7 @@ from ghostgpu.controller.reservation import (
     ReservationMetrics,
     Reservations,
     admitted_by_flavor,
+    borrowed_reservations,
     cq_flavors,
     desired_reservations,
     placeholder_name,
@@ -546,3 +547,24 @@ def test_an_eviction_is_announced_counted_once_and_the_placeholder_deleted() -> 
     metrics.set(first)
     metrics.set(again)
     assert metrics.evictions.labels("cq-vision", "InCohortReclamation")._value.get() == 1
+
+
+def test_the_borrowed_part_of_a_reservation_is_at_most_what_its_cluster_queue_borrows() -> None:
+    def cq_status(name: str, flavor: str, **borrowed: str) -> dict[str, Any]:
+        return {"metadata": {"name": name}, "status": {"flavorsUsage": [{"name": flavor, "resources": [
+            {"name": r.replace("_", "/").replace("nvidia/com", "nvidia.com"), "total": "9", "borrowed": v}
+            for r, v in borrowed.items()]}]}}  # fmt: skip
+
+    cqs = [
+        cq_status("cq-a", "h100", nvidia_com_gpu="2", cpu="4"),  # borrows 2 GPUs (and CPUs: not ours)
+        cq_status("cq-b", "h100", nvidia_com_gpu="8"),  # borrows more than its reservation
+        cq_status("cq-c", "h100", nvidia_com_gpu="0"),
+        cq_status("cq-d", "h100", nvidia_com_gpu="1500m"),
+    ]
+    admitted = {("cq-a", "h100"): 6, ("cq-b", "h100"): 3, ("cq-c", "h100"): 4, ("cq-d", "h100"): 4}
+    assert borrowed_reservations(admitted, cqs, {"h100": "nvidia.com/gpu"}) == {
+        ("cq-a", "h100"): 2,
+        ("cq-b", "h100"): 3,
+        ("cq-d", "h100"): 2,
+    }
+    assert borrowed_reservations({}, cqs, {"h100": "nvidia.com/gpu"}) == {}
