@@ -383,9 +383,20 @@ def test_a_higher_priority_placeholder_would_preempt_its_own_teams_running_work(
                 kube.delete("/".join(KUEUE), "Workload", ph["metadata"]["name"], ns)
                 wait_for(lambda: not t.workloads(PLACEHOLDERS), 30, "the placeholder gone")
             else:
-                victims = wait_for(serve_preempted, 30, "Kueue to preempt the running Deployment's Workload")
-                print(f"priority-{priority} placeholder: Kueue preempted {victims} (the running serving pod)")
-                wait_for(lambda: _running_pod(t, "serve") != pod, 30, "the serving pod stopped")
+
+                def outcome() -> str | None:
+                    [w] = t.workloads(PLACEHOLDERS)
+                    if conditions(w).get("QuotaReserved", {}).get("status") == "True":
+                        return "placeholder admitted"
+                    return "serve preempted" if serve_preempted() or _running_pod(t, "serve") != pod else None
+
+                got = wait_for(outcome, 45, "Kueue to make room for the priority-1000 placeholder")
+                [w] = t.workloads(PLACEHOLDERS)
+                reasons = {k: c.get("reason") for k, c in conditions(w).items()}
+                running = _running_pod(t, "serve") == pod
+                print(f"priority-{priority} placeholder (spec.priority {w['spec'].get('priority')}): {got}; "
+                      f"serve's pod running: {running}; its conditions: {reasons}")  # fmt: skip
+                wait_for(lambda: _running_pod(t, "serve") != pod, 30, "the running serving pod stopped")
         process_tables.clear(ns, pod)
     finally:
         with contextlib.suppress(client.ApiException):
