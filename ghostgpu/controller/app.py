@@ -23,6 +23,7 @@ from ghostgpu.config import ControllerConfig, load_config, load_controller_confi
 from ghostgpu.controller import keys
 from ghostgpu.controller.accounting import FlavorSpec, node_flavor
 from ghostgpu.controller.decisions import DecisionLog
+from ghostgpu.controller.gitops import ApiReader, GitOpsPreflight
 from ghostgpu.controller.inventory import GpuPredicate, Workload, cached_pod, gpu_predicate, workload_from
 from ghostgpu.controller.kube import (
     CLUSTERQUEUES,
@@ -234,6 +235,10 @@ async def run_controller(
         escalate=_escalator(cfg),
         nudge_nodes=cfg.kueue_nudge if kueue_nudge is None else kueue_nudge,
         ledger=ReplicaLedger(cluster, cfg.namespace),
+        # Read-only: the Argo CD Application / Flux Kustomization or HelmRelease that syncs a
+        # workload, before stopping it (gitops.py). Argo CD's control-plane namespace is `argocd`;
+        # an Application elsewhere is found by name when it is the only one.
+        gitops=GitOpsPreflight(ApiReader(api), field_manager=cluster.field_manager),
     )
     reservations = Reservations(
         api, mode=cfg.reservation, local_queue=cfg.reservation_queue, emit_event=cluster.event

@@ -223,9 +223,12 @@ def now_rfc3339() -> str:
 class Cluster:
     """Fresh reads and guarded writes."""
 
-    def __init__(self, api: Any, *, instance: str) -> None:
+    def __init__(self, api: Any, *, instance: str, field_manager: str = keys.COMPONENT) -> None:
         self.api = api
         self.instance = instance
+        # Named in managedFields on every write: the revert guard tells ghostgpu's own writes
+        # (the controller's, `ghostgpu restore`'s) from a manager's that undoes a reclaim.
+        self.field_manager = field_manager
 
     async def get(self, ref: WorkloadRef) -> dict[str, Any]:
         rt = RESOURCE_OF_KIND[ref.kind]
@@ -292,7 +295,7 @@ class Cluster:
                 version=rt.version,
                 namespace=ref.namespace,
                 url=f"{rt.plural}/{ref.name}",
-                params={"dryRun": "All"} if dry_run else None,
+                params={"fieldManager": self.field_manager} | ({"dryRun": "All"} if dry_run else {}),
                 content=body,
                 headers={"Content-Type": "application/merge-patch+json"},
             ) as resp:
@@ -331,6 +334,7 @@ class Cluster:
                 version=rt.version,
                 namespace=ref.namespace,
                 url=f"{rt.plural}/{ref.name}/scale",
+                params={"fieldManager": self.field_manager},
                 content=json.dumps(body),
                 headers={"Content-Type": "application/merge-patch+json"},
             ):

@@ -40,6 +40,13 @@ class ControllerMetrics:
             ["namespace", "action"],
             registry=r,
         )
+        self.reclaim_reverts = Counter(
+            "ghostgpu_reclaim_reverts_total",
+            "Reclaims undone by someone other than `ghostgpu restore` (recorded once each, by the "
+            "field manager that wrote the stopped field back: argocd-controller, kubectl, ...).",
+            ["namespace", "writer"],
+            registry=r,
+        )
         self.gpu_hours_recovered = Counter(
             "ghostgpu_gpu_hours_recovered_total",
             "GPU-hours freed by reclaimed workloads (accrued every poll while they stay reclaimed).",

@@ -23,6 +23,7 @@ from ghostgpu.controller.kube import (
 )
 from ghostgpu.controller.ledger import LedgerEntry, ReplicaLedger
 from ghostgpu.controller.reconciler import Snapshot, accounting_from
+from ghostgpu.controller.revert_guard import RESTORE_MANAGER
 
 KIND_ALIASES = {
     "deployment": "Deployment",
@@ -66,7 +67,8 @@ async def restore(
     ref = parse_target(target, namespace)
     if ref.kind == "Pod":
         raise RestoreError("an evicted bare Pod cannot be scaled back; re-create it from its manifest")
-    cluster = Cluster(await _kube_api(kubeconfig), instance="ghostgpu-restore")
+    # Its own field manager: the controller's revert guard tells restore's scale from a revert.
+    cluster = Cluster(await _kube_api(kubeconfig), instance="ghostgpu-restore", field_manager=RESTORE_MANAGER)
     return await restore_workload(cluster, ref, ReplicaLedger(cluster, ledger_namespace))
 
 

@@ -40,17 +40,22 @@ from ghostgpu.controller.evidence import (
     evidence_summary,
     policy_from_config,
 )
+from ghostgpu.controller.gitops import GitOpsPreflight, Preflight
 from ghostgpu.controller.inventory import (
     PodView,
     Workload,
     WorkloadRef,
     namespace_opted_in,
+    parse_time,
     pods_by_workload,
 )
 from ghostgpu.controller.kube import AdmissionDenied, Cluster, Conflict, NotFound
 from ghostgpu.controller.ledger import LedgerEntry, ReplicaLedger, ledger_key, ref_of_key
 from ghostgpu.controller.metrics import ControllerMetrics
 from ghostgpu.controller.planner import Plan, plan
+from ghostgpu.controller.revert_guard import MARK as REVERT_MARK
+from ghostgpu.controller.revert_guard import Candidate, RevertGuard
+from ghostgpu.controller.stopspec import StopSpec, stop_spec_for
 from ghostgpu.signals.artifacts import (
     FileArtifactProbe,
     FileTarget,
@@ -143,7 +148,16 @@ class Reconciler:
         escalate: Callable[..., Any] | None = None,
         nudge_nodes: bool | None = None,  # None: controller.kueueNudge
         ledger: ReplicaLedger | None = None,
+        gitops: GitOpsPreflight | None = None,
     ) -> None:
+        # --- GitOps pre-flight and revert guard (gitops.py, revert_guard.py) ---
+        # Before a stop: would a GitOps manager put it back (None: no pre-flight)? After one: was it
+        # undone by anyone but `ghostgpu restore`? Both take the stop as data (stopspec.StopSpec:
+        # the JSON pointers it writes, is_stopped), from `stop_spec` below.
+        self.gitops = gitops
+        self.revert_guard = RevertGuard(cluster, metrics)
+        self.stop_spec: Callable[[Workload], StopSpec | None] = lambda wl: stop_spec_for(wl.ref.kind)
+        # --- end ---
         self.nudge_nodes = cfg.kueue_nudge if nudge_nodes is None else nudge_nodes
         # Where replica counts go when the workload's annotations cannot be written (ledger.py).
         self.ledger = ledger
@@ -379,6 +393,8 @@ class Reconciler:
         eligible = self.eligible(snap, now, result)
         processes, readings = await self.gather(eligible, now)
         leader = self.is_leader()
+        if leader:
+            await self._guard_reverts(snap)  # revert_guard.py: before any action of this poll
         rows: list[DecisionRow] = []
         records: list[_Apply] = []  # verdict/annotation writes only, no action
         for ref, (wl, pods, st) in eligible.items():
@@ -561,18 +577,24 @@ class Reconciler:
             return "exempt"
         if not self.is_leader():
             return "not-leader"
+        held = await self._before_stop(wl, fresh, verdict)  # revert mark, GitOps pre-flight
+        if held is not None:
+            return held
         try:
             await self.cluster.patch_annotations(
                 ref,
                 {
                     keys.RECLAIMED_FROM: str(replicas),
                     keys.RECLAIMED_AT: datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+                    REVERT_MARK: None,  # a mark reached here only with a changed spec: stale
                 },
                 resource_version=meta.get("resourceVersion"),
                 current=fresh,
             )
         except Conflict:
             return "conflict"  # the object changed since we read it: judge again next poll
+        except NotFound:
+            return "gone"  # deleted since we read it: nothing to stop, nothing to record
         except AdmissionDenied as exc:
             # The workload cannot carry the record (Kueue's LocalQueue-default webhook): the
             # ledger can. Without a durable record there is no scale-to-zero (restore needs it).
@@ -590,6 +612,69 @@ class Reconciler:
             return await self._reclaimed(fresh, ref, replicas, verdict, record="the replica ledger")
         await self.cluster.scale(ref, 0)
         return await self._reclaimed(fresh, ref, replicas, verdict, record=keys.RECLAIMED_FROM)
+
+    # --- GitOps pre-flight and revert guard hooks (gitops.py, revert_guard.py) -------------------
+
+    async def _before_stop(self, wl: Workload, fresh: Mapping[str, Any], verdict: Verdict) -> str | None:
+        """None: go ahead with the stop. Otherwise the outcome that replaces it, with nothing
+        written: the workload carries a revert mark for its current spec, or a GitOps manager
+        would revert the stop (or cannot be read), escalated once per verdict with the fix."""
+        stop = self.stop_spec(wl)
+        if stop is None:
+            return None
+        if self.revert_guard.held(fresh, stop.writes) is not None:
+            return "held-by-revert-mark"  # announced once, by the ReclaimReverted Event
+        if self.gitops is None:
+            return None
+        pre = await self.gitops.check(fresh, stop.writes)
+        if not pre.blocks:
+            return None
+        st = self.states.get(wl.ref)
+        if st is not None and st.escalated_for != verdict.kind:
+            st.escalated_for = verdict.kind
+            await self._gitops_escalate(wl, fresh, verdict, pre)
+        return f"gitops-{pre.outcome.value}"
+
+    async def _gitops_escalate(
+        self, wl: Workload, fresh: Mapping[str, Any], verdict: Verdict, pre: Preflight
+    ) -> None:
+        self.metrics.escalations.labels(wl.ref.namespace, "gitops-preflight").inc()
+        fix = f" Fix: merge into the {pre.manager.kind.value}:\n{pre.fix}" if pre.fix and pre.manager else ""
+        await self.cluster.event(
+            fresh,
+            reason="ReclaimEscalated",
+            message=f"{verdict.kind.value}: not stopping {wl.ref.short}: {pre.reason}.{fix}",
+            type_="Warning",
+        )
+        log.warning(
+            "reclaim blocked by GitOps pre-flight",
+            extra={"workload": str(wl.ref), "outcome": pre.outcome.value, "reason": pre.reason},
+        )
+
+    async def _guard_reverts(self, snap: Snapshot) -> None:
+        """Record reclaims undone by anyone but `ghostgpu restore` (revert_guard.py). Cheap for
+        the fleet: only workloads with a reclaimed-from record are looked at, and only those that
+        the cache shows running again are read fresh."""
+        candidates = []
+        opted_in = {ns for ns, labels in snap.namespaces.items() if namespace_opted_in(labels)}
+        for ref, wl in snap.workloads.items():
+            record = self.reclaimed_from(wl) if ref.namespace in opted_in else None
+            stop = self.stop_spec(wl) if record is not None else None
+            if record is None or stop is None:
+                continue
+            at = wl.annotations.get(keys.RECLAIMED_AT)
+            if at is None and wl.reclaimed_from is None:
+                entry = self.ledger_entries.get(ledger_key(ref))
+                at = entry.at if entry is not None else None
+            candidates.append(
+                Candidate(ref, wl.uid, str(record), parse_time(at), stop.is_stopped(wl.raw), stop)
+            )
+        if not candidates:
+            return
+        try:
+            await self.revert_guard.sweep(candidates)
+        except Exception as exc:  # the next poll tries again; judging must go on
+            log.warning("revert guard failed", extra={"error": f"{type(exc).__name__}: {exc}"})
 
     async def _record_in_ledger(
         self, ref: WorkloadRef, fresh: Mapping[str, Any], replicas: int
@@ -626,6 +711,7 @@ class Reconciler:
     async def _reclaimed(
         self, fresh: Mapping[str, Any], ref: WorkloadRef, replicas: int, verdict: Verdict, *, record: str
     ) -> str:
+        self.revert_guard.saw_stopped(str((fresh.get("metadata") or {}).get("uid", "")), str(replicas))
         self.metrics.reclaims.labels(ref.namespace, verdict.kind.value, "scale-to-zero").inc()
         await self.cluster.event(
             fresh,

@@ -179,7 +179,7 @@ class DevCluster:
             raise ValueError(f"unknown addon(s) {sorted(unknown)}; expected some of {list(ALL_ADDONS)}")
         tools = Toolchain.locate()
         needed = ["etcd", "kube_apiserver", "kube_controller_manager", "kube_scheduler", "kwok"]
-        needed += ["monitoring_crd_dir", "argocd_crd_dir"]
+        needed += ["monitoring_crd_dir", "argocd_crd_dir", "flux_crd_dir"]
         needed += ["kueue"] if "kueue" in addons else []
         needed += ["kyverno_admission", "kyverno_background"] if "kyverno" in addons else []
         needed += ["prometheus"] if "prometheus" in addons else []
@@ -451,6 +451,8 @@ class _Starter:
         crds += load_yaml_docs(sorted(self.tools.monitoring_crd_dir.glob("*.yaml")))
         # Application, ApplicationSet, AppProject: examples/argocd/ is dry-run against their schema.
         crds += load_yaml_docs(sorted(self.tools.argocd_crd_dir.glob("*.yaml")))
+        # Flux's Kustomization: the controller's GitOps pre-flight reads one (no Flux controller runs).
+        crds += load_yaml_docs(sorted(self.tools.flux_crd_dir.glob("*.yaml")))
         ca = self.pki.pem
         if "kueue" in self.addons:
             crds += components.kueue_crds(

@@ -81,6 +81,7 @@ class Toolchain:
     prometheus: Path
     monitoring_crd_dir: Path
     argocd_crd_dir: Path
+    flux_crd_dir: Path
     versions: dict[str, str]
     kueue_version: str
 
@@ -111,6 +112,7 @@ class Toolchain:
             prometheus=r / "prometheus-apt" / "bin" / "prometheus",
             monitoring_crd_dir=r / f"monitoring-crds-{v['PROMETHEUS_OPERATOR_VERSION']}" / "crds",
             argocd_crd_dir=r / f"argocd-{v['ARGOCD_VERSION']}" / "crds",
+            flux_crd_dir=r / f"flux-kustomize-{v['FLUX_KUSTOMIZE_VERSION']}" / "crds",
             versions=v,
             kueue_version=kv,
         )
