@@ -52,6 +52,7 @@ from ghostgpu.controller.reconciler import PollResult, Reconciler, Snapshot, acc
 from ghostgpu.controller.reservation import (
     ReservationMetrics,
     Reservations,
+    borrowed_reservations,
     desired_from,
     fill_accounts,
 )
@@ -381,6 +382,7 @@ async def reserve(
     except Exception as exc:  # no Kueue (yet), an apiserver error: next poll tries again
         log.warning("reservation failed", extra={"error": f"{type(exc).__name__}: {exc}"})
         return
+    report.borrowed = borrowed_reservations(report.admitted, cqs, {f.name: f.resource for f in flavors})
     rmetrics.set(report)
     fill_accounts(accounts, report.desired, report.admitted)
     if report.created or report.deleted or report.errors:
