@@ -448,6 +448,17 @@ class PrometheusConfig(Model):
     timeout: Duration = Duration("10s")
 
 
+class ApiserverConfig(Model):
+    """The client-side budget every apiserver write and exec waits on (ghostgpu.controller.budget):
+    a token bucket of `burst` requests refilled at `qps` per second, like client-go's rate limiter
+    (controller-runtime's defaults)."""
+
+    qps: float = Field(20.0, gt=0, le=10000, description="writes and execs per second, sustained")
+    burst: int = Field(
+        30, ge=1, le=100000, description="writes and execs allowed at once after a quiet spell"
+    )
+
+
 class S3Config(Model):
     endpoint: str | None = Field(
         None, description="S3-compatible endpoint for s3:// artifact URIs; None = AWS"
@@ -549,6 +560,7 @@ class GpuMemoryConfig(Model):
             raise ValueError(f"heldFrom ({self.held_from}) must be at least freeAtMost ({self.free_at_most})")
         return self
 
+
 class GrafanaDashboardConfig(Model):
     """The Grafana dashboard ConfigMap in controller/ (ghostgpu/dashboard/panels.py lists its panels)."""
 
@@ -584,6 +596,7 @@ class ControllerConfig(Model):
     gpu_memory: GpuMemoryConfig = Field(default_factory=GpuMemoryConfig)
     prometheus: PrometheusConfig = Field(default_factory=PrometheusConfig)
     s3: S3Config = Field(default_factory=S3Config)
+    apiserver: ApiserverConfig = Field(default_factory=ApiserverConfig)
     metrics: MetricsConfig = Field(default_factory=MetricsConfig)
     actions: ActionsConfig = Field(default_factory=ActionsConfig)
     alerts: AlertsConfig = Field(default_factory=AlertsConfig)

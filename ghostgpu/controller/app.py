@@ -22,6 +22,7 @@ import yaml
 from ghostgpu.config import ControllerConfig, load_config, load_controller_config
 from ghostgpu.controller import keys
 from ghostgpu.controller.accounting import FlavorSpec, node_flavor
+from ghostgpu.controller.budget import BudgetedApi, BudgetedExec, BudgetMetrics, RequestBudget
 from ghostgpu.controller.decisions import DecisionLog
 from ghostgpu.controller.inventory import GpuPredicate, Workload, cached_pod, gpu_predicate, workload_from
 from ghostgpu.controller.kube import (
@@ -194,11 +195,14 @@ async def run_controller(
     cfg = loaded.controller
     identity = identity or os.environ.get("POD_NAME") or f"{socket.gethostname()}-{os.getpid()}"
     api = await _kube_api(kubeconfig)
-    cluster = Cluster(api, instance=identity)
+    metrics = ControllerMetrics()
+    # One budget for every write (through Cluster) and every exec (budget.py); the watches and
+    # the leader election use `api` itself.
+    budget = RequestBudget(cfg.apiserver.qps, cfg.apiserver.burst, metrics=BudgetMetrics(metrics.registry))
+    cluster = Cluster(BudgetedApi(api, budget), instance=identity)
     known = [f.resource for f in loaded.flavors or []]
     is_gpu = gpu_predicate(known)
     informers = Informers(api, is_gpu)
-    metrics = ControllerMetrics()
     elector = LeaderElector(
         api,
         namespace=lease_namespace or os.environ.get("POD_NAMESPACE") or cfg.namespace,
@@ -211,7 +215,7 @@ async def run_controller(
     )
     prom = PrometheusClient(cfg.prometheus.url, timeout=cfg.prometheus.timeout.seconds)
     spec = QuerySpec.from_preset(cfg.metrics.active, max_sample_age=cfg.stale_after.seconds)
-    executor = KubeExec(api)
+    executor = BudgetedExec(KubeExec(api), budget)
     s3 = S3ArtifactProbe(endpoint_url=cfg.s3.endpoint, region=cfg.s3.region) if _s3_possible() else None
     dlog = DecisionLog(decision_log)
     reconciler = Reconciler(
@@ -232,9 +236,12 @@ async def run_controller(
     started = time.time()
 
     def healthy() -> tuple[bool, str]:
-        return loop_healthy(
-            time.time(), started, interval, reconciler.last_poll_end, reconciler.last_progress
-        )
+        # A request let through by the budget is progress too: a poll waiting on the budget for
+        # its execs or writes is slow, not stuck.
+        now = time.time()
+        granted = None if budget.last_grant is None else now - (time.monotonic() - budget.last_grant)
+        last = max([t for t in (reconciler.last_progress, granted) if t is not None], default=None)
+        return loop_healthy(now, started, interval, reconciler.last_poll_end, last)
 
     def ready() -> tuple[bool, str]:
         return informers.synced, "watch caches synced" if informers.synced else "watch caches syncing"
@@ -309,6 +316,7 @@ async def run_controller(
         await asyncio.gather(*tasks, return_exceptions=True)
         await server.stop()
         await prom.aclose()
+        await budget.aclose()
         log.info("controller stopped", extra={"identity": identity})
 
 

@@ -62,7 +62,13 @@ def plan(
     team: str | None = None,
     autonomy: AutonomyConfig | None = None,
 ) -> Plan:
-    record = previous != verdict.kind and not verdict.warming_up
+    # A first verdict of ACTIVE is not recorded: it would change nothing anyone acts on (the
+    # controller keeps its verdicts in memory; no annotation still reads as "no finding"), and at
+    # fleet scale it was nearly all of a controller start's writes (3 requests per workload: 150,000
+    # at 50,000 pods, two hours at the default apiserver budget). Leaving ACTIVE after another
+    # recorded verdict is recorded, so a stale finding never stays on a workload.
+    first_active = previous is None and verdict.kind is VerdictKind.ACTIVE
+    record = previous != verdict.kind and not verdict.warming_up and not first_active
     if verdict.kind not in RECLAIMABLE_KINDS:
         return Plan(record, "none")
     if workload.exempt:  # belt and braces: exempt workloads are filtered before judging

@@ -30,7 +30,7 @@ from typing import Any
 
 from ghostgpu.autonomy import AutonomyConfig
 from ghostgpu.config import ControllerConfig
-from ghostgpu.controller import keys
+from ghostgpu.controller import budget, keys
 from ghostgpu.controller.accounting import FlavorAccount, FlavorSpec, account, node_flavor
 from ghostgpu.controller.decisions import DecisionLog, DecisionRow
 from ghostgpu.controller.evidence import (
@@ -414,9 +414,16 @@ class Reconciler:
                     if p.record or _reasons_changed(recorded, verdict):
                         records.append((wl, pods, st, verdict, evidence, p))
                     continue  # most workloads on most polls: nothing to write, no apply() call
-                # Reclaims and escalations: one at a time, in order (the ledger ConfigMap is shared).
-                await self._apply_one(result, wl, pods, st, verdict, evidence, p)
+                # Reclaims and escalations: one at a time, in order (the ledger ConfigMap is shared),
+                # first in the apiserver budget's queue.
+                with budget.priority(
+                    budget.Priority.ESCALATE if p.action == "escalate" else budget.Priority.RECLAIM
+                ):
+                    await self._apply_one(result, wl, pods, st, verdict, evidence, p)
         if records:
+            # Most valuable first: reclaimable findings, then other verdict changes, then
+            # reasons-only updates of an ACTIVE verdict (budget.Priority).
+            records.sort(key=lambda r: _record_priority(r[3], r[5]))
             await self._apply_records(result, records)
         if leader:
             # Run-length: only changed rows reach the file (decisions.py).
@@ -469,7 +476,8 @@ class Reconciler:
 
         async def worker() -> None:
             for args in todo:
-                await self._apply_one(result, *args)
+                with budget.priority(_record_priority(args[3], args[5])):
+                    await self._apply_one(result, *args)
 
         await asyncio.gather(*(worker() for _ in range(min(WRITE_CONCURRENCY, len(records)))))
 
@@ -779,8 +787,19 @@ _NO_ACTION = frozenset({"none", "would-reclaim", "disabled"})
 
 def _reasons_changed(recorded: Mapping[str, str], verdict: Verdict) -> bool:
     """Annotations follow the reasons too (ACTIVE busy -> ACTIVE in a batch gap is worth seeing);
-    never for a warm-up UNKNOWN (Verdict.warming_up)."""
-    return not verdict.warming_up and _reasons_of(recorded) != list(verdict.reasons)
+    never for a warm-up UNKNOWN (Verdict.warming_up), and never onto a workload that carries no
+    verdict while it is ACTIVE (a first ACTIVE verdict is not written: planner.plan)."""
+    if verdict.warming_up:
+        return False
+    if verdict.kind is VerdictKind.ACTIVE and keys.VERDICT not in recorded:
+        return False
+    return _reasons_of(recorded) != list(verdict.reasons)
+
+
+def _record_priority(verdict: Verdict, p: Plan) -> budget.Priority:
+    if not p.record:
+        return budget.Priority.ACTIVE  # the reasons changed, the verdict did not
+    return budget.Priority.FINDING if verdict.kind in RECLAIMABLE_KINDS else budget.Priority.VERDICT
 
 
 def _reasons_of(annotations: Mapping[str, str]) -> list[str] | None:
