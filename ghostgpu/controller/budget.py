@@ -47,6 +47,7 @@ log = logging.getLogger("ghostgpu.controller.budget")
 
 MAX_RETRIES = 5  # 429 + Retry-After answers to one request before its error is handed back
 MAX_RETRY_AFTER_S = 60.0  # a larger Retry-After is capped: the poll loop must keep moving
+_EPS = 1e-9  # a token refilled to 0.9999999999 by float arithmetic is a token
 
 
 class Priority(IntEnum):
@@ -152,8 +153,8 @@ class RequestBudget:
         if now < self.paused_until:
             return False
         self._refill(now)
-        if self.tokens >= 1.0:
-            self.tokens -= 1.0
+        if self.tokens >= 1.0 - _EPS:
+            self.tokens = max(0.0, self.tokens - 1.0)
             self.granted += 1
             self.last_grant = now
             return True
@@ -240,7 +241,7 @@ class RequestBudget:
                 await self._nap(self.paused_until - now)
                 continue
             self._refill(now)
-            if self.tokens < 1.0:
+            if self.tokens < 1.0 - _EPS:
                 await self._nap((1.0 - self.tokens) / self.qps)
                 continue
             nxt = self._next(now)
