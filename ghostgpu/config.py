@@ -333,8 +333,10 @@ QueryTemplate = Annotated[str, AfterValidator(_query_template)]
 class MetricsPreset(Model):
     """Where GPU signals live in Prometheus for one exporter family.
 
-    Query templates are `string.Template` PromQL; the controller fills `${namespaces}` and `${pods}`
-    (regex alternations of every tracked pod, so one query per poll covers the whole fleet)."""
+    Query templates are `string.Template` PromQL; the controller fills `${namespaces}` with the
+    regex alternation of the tracked pods' namespaces and `${pods}` with `.+`, and keeps the tracked
+    pods' series itself: one query per poll covers the whole fleet, and its size does not grow
+    with it (`render_query` still names pods, for a person reading one workload's series)."""
 
     utilization_metric: str
     utilization_scale: float = Field(1.0, gt=0, description="multiply by this to get percent (0-100)")
