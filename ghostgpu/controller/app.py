@@ -19,6 +19,7 @@ from typing import Any
 
 import yaml
 
+from ghostgpu import __version__
 from ghostgpu.config import ControllerConfig, load_config, load_controller_config
 from ghostgpu.controller import keys
 from ghostgpu.controller.accounting import FlavorSpec, node_flavor
@@ -168,12 +169,32 @@ def loop_healthy(
     return ok, f"last {what} {now - last:.0f}s ago"
 
 
+CONTROLLER_USER_AGENT = f"ghostgpu-controller/{__version__}"
+
+
 async def _kube_api(kubeconfig: str | None) -> Any:
     import kr8s.asyncio
 
-    if kubeconfig:
-        return await kr8s.asyncio.api(kubeconfig=kubeconfig)
-    return await kr8s.asyncio.api()
+    api = await (kr8s.asyncio.api(kubeconfig=kubeconfig) if kubeconfig else kr8s.asyncio.api())
+    _identify(api, CONTROLLER_USER_AGENT)
+    return api
+
+
+def _identify(api: Any, agent: str) -> None:
+    """Send our own User-Agent (kr8s sends its bare version number): the apiserver's audit log
+    and API Priority and Fairness see the controller by name. Exec connections copy it from
+    the session (podexec._endpoint_for)."""
+    create = getattr(api, "_create_session", None)
+    if create is None:
+        return
+
+    async def create_session() -> None:
+        await create()
+        api._session.headers["User-Agent"] = agent
+
+    api._create_session = create_session
+    if getattr(api, "_session", None) is not None:
+        api._session.headers["User-Agent"] = agent
 
 
 async def run_controller(

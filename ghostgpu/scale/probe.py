@@ -77,7 +77,12 @@ class Recorder:
             "apiserver_requests": sum(v for k, v in d.items() if k.startswith("apiserver")),
             "exec_calls": d.get("apiserver_exec", 0),
             "requests": d,
-            "apiserver_by_verb": {k: v for k, v in delta(dict(self.counter.by_verb), verbs).items() if v},
+            "apiserver_by_verb": (
+                by_verb := {k: v for k, v in delta(dict(self.counter.by_verb), verbs).items() if v}
+            ),
+            # what the controller's apiserver budget governs: writes (leader election aside) and exec
+            "budgeted_requests": d.get("apiserver_exec", 0)
+            + sum(v for k, v in by_verb.items() if not k.startswith("GET ") and not k.endswith(" leases")),
             "states": self.states,
             "gc_s": round(self.gc_s - self._gc0[0], 4),
             "gc_full_collections": self.gc_full - self._gc0[1],
