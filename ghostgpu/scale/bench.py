@@ -252,6 +252,7 @@ POLL_KEYS = (
     "prometheus_queries",
     "apiserver_requests",
     "exec_calls",
+    "lease_requests",
     "budgeted_requests",
     "states",
 )
