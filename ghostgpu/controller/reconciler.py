@@ -80,6 +80,7 @@ from ghostgpu.verdict import (
     Verdict,
     VerdictKind,
     decide,
+    window_verdict,
 )
 
 log = logging.getLogger("ghostgpu.controller")
@@ -109,7 +110,9 @@ class Judged:
     workload: Workload
     pods: list[PodView]
     verdict: Verdict
-    evidence: Evidence
+    # None when the utilization window alone settled the verdict and nothing was written (the
+    # evidence is assembled only where it is used: verdict.window_verdict).
+    evidence: Evidence | None
     plan: Plan
 
 
@@ -386,17 +389,24 @@ class Reconciler:
             faults = workload_faults([p.faults for p in pods], xids)
             if isinstance(faults, SignalFailure):
                 self.metrics.signal_failures.labels("faults", faults.reason.value).inc()
-            # GPU memory is read where the processes are: only once the window is all zero (the
-            # verdict never looks at it otherwise), so busy workloads cost nothing more per poll.
-            memory: GpuMemory | SignalFailure | None = None
-            if processes[ref] is not None:
-                memory = workload_memory(readings[PodKey(p.namespace, p.name)] for p in pods)
-                if isinstance(memory, SignalFailure):
-                    self.metrics.signal_failures.labels("memory", memory.reason.value).inc()
-            evidence = assemble(
-                st, window=self.cfg.window, processes=processes[ref], faults=faults, memory=memory
-            )
-            verdict = decide(evidence, self.policy)
+            # Most workloads are plainly busy (or plainly unknown): their utilization window settles
+            # the verdict, which is decide()'s own first step (verdict.window_verdict), so their
+            # evidence is assembled only if it is written. Those with processes listed (an
+            # all-zero window) take the whole of decide().
+            evidence: Evidence | None = None
+            verdict = window_verdict(st.ring.samples, self.policy) if processes[ref] is None else None
+            if verdict is None:
+                # GPU memory is read where the processes are: only once the window is all zero
+                # (the verdict never looks at it otherwise).
+                memory: GpuMemory | SignalFailure | None = None
+                if processes[ref] is not None:
+                    memory = workload_memory(readings[PodKey(p.namespace, p.name)] for p in pods)
+                    if isinstance(memory, SignalFailure):
+                        self.metrics.signal_failures.labels("memory", memory.reason.value).inc()
+                evidence = assemble(
+                    st, window=self.cfg.window, processes=processes[ref], faults=faults, memory=memory
+                )
+                verdict = decide(evidence, self.policy)
             recorded = _recorded(wl, pods)
             previous = _verdict_of(recorded)
             team = snap.namespaces.get(ref.namespace, {}).get(keys.TEAM_LABEL)
@@ -410,10 +420,14 @@ class Reconciler:
             if leader:
                 if verdict.kind not in RECLAIMABLE_KINDS:
                     st.escalated_for = st.blocked_for = None  # re-arm: a later ghost is announced again
-                if p.action in _NO_ACTION:
-                    if p.record or _reasons_changed(recorded, verdict):
-                        records.append((wl, pods, st, verdict, evidence, p))
+                if p.action in _NO_ACTION and not (p.record or _reasons_changed(recorded, verdict)):
                     continue  # most workloads on most polls: nothing to write, no apply() call
+                if evidence is None:  # settled by the window, and now written: the same evidence
+                    evidence = assemble(st, window=self.cfg.window, processes=None, faults=faults)
+                    result.judged[ref].evidence = evidence
+                if p.action in _NO_ACTION:
+                    records.append((wl, pods, st, verdict, evidence, p))
+                    continue
                 # Reclaims and escalations: one at a time, in order (the ledger ConfigMap is shared),
                 # first in the apiserver budget's queue.
                 with budget.priority(
