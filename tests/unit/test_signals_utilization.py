@@ -305,6 +305,18 @@ def test_parse_vector_rejects_matrix_and_malformed_samples() -> None:
         parse_vector(success({"metric": {}, "value": [NOW, "abc"]}))
 
 
+async def test_a_malformed_item_fails_the_whole_answer_in_the_poll(prom: tuple[str, Canned]) -> None:
+    url, canned = prom
+    canned.body = success(
+        series("util", "team-a", "train-0", 87.0),
+        series("ts", "team-a", "train-0", NOW),
+        {"metric": ["not", "labels"], "value": [NOW, "1"]},
+    )
+    out = await poll(url, [A])
+    assert isinstance(out[A].utilization, SignalFailure)
+    assert out[A].utilization.reason is FailureReason.PARSE_ERROR
+
+
 async def test_invalid_pod_name_fails_only_that_pod(prom: tuple[str, Canned]) -> None:
     url, canned = prom
     canned.body = success(series("util", "team-a", "train-0", 9.0), series("ts", "team-a", "train-0", NOW))
