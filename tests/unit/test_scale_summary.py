@@ -148,3 +148,18 @@ def test_rss_target_is_300_decimal_megabytes() -> None:
         return _met([res])["peak RSS"]
 
     assert rss_met(286.0) and not rss_met(287.0), "300 MB is 286.1 MiB, not 300 MiB"
+
+
+def test_the_audited_budget_target_allows_one_request_of_network_jitter() -> None:
+    def met(peak: float) -> bool:
+        res = _result(0.5, 0.5)
+        res.budget = {
+            "qps": 20.0,
+            "burst": 30,
+            "controller": {"requests": 100, "peak_burst": peak, "max_per_s": 40},
+        }
+        return _met([res])[
+            "the apiserver's audit log shows the controller within its budget (peak burst <= burst + 1)"
+        ]
+
+    assert met(30.4) and met(31.0) and not met(32.5)
