@@ -50,7 +50,7 @@ from ghostgpu.controller.inventory import (
 from ghostgpu.controller.kube import AdmissionDenied, Cluster, Conflict, NotFound
 from ghostgpu.controller.ledger import LedgerEntry, ReplicaLedger, ledger_key, ref_of_key
 from ghostgpu.controller.metrics import ControllerMetrics
-from ghostgpu.controller.planner import Plan, plan
+from ghostgpu.controller.planner import Plan, plan, silent_first
 from ghostgpu.signals.artifacts import (
     FileArtifactProbe,
     FileTarget,
@@ -802,10 +802,10 @@ _NO_ACTION = frozenset({"none", "would-reclaim", "disabled"})
 def _reasons_changed(recorded: Mapping[str, str], verdict: Verdict) -> bool:
     """Annotations follow the reasons too (ACTIVE busy -> ACTIVE in a batch gap is worth seeing);
     never for a warm-up UNKNOWN (Verdict.warming_up), and never onto a workload that carries no
-    verdict while it is ACTIVE (a first ACTIVE verdict is not written: planner.plan)."""
+    verdict while it is plainly busy (not written: planner.silent_first)."""
     if verdict.warming_up:
         return False
-    if verdict.kind is VerdictKind.ACTIVE and keys.VERDICT not in recorded:
+    if keys.VERDICT not in recorded and silent_first(verdict, None):
         return False
     return _reasons_of(recorded) != list(verdict.reasons)
 

@@ -343,12 +343,13 @@ async def test_shadow_judges_records_and_touches_nothing(tmp_path: Path) -> None
     result = await h.polls(2)
     assert h.verdict("done") == "FINISHED_IDLE" and h.verdict("crashed") == "ZOMBIE_CRASHED"
     assert h.verdict("broken") == "UNKNOWN"
-    # A first ACTIVE verdict is judged but not written: no annotation, no Event, no request.
+    # A first plain ACTIVE verdict (busy) is judged but not written: no annotation, no Event, no
+    # request. An ACTIVE that says more (a batch gap: zero utilization, live work) is written.
     judged = {r.name: j.verdict.kind.value for r, j in result.judged.items()}
     assert judged["busy"] == judged["gap"] == "ACTIVE"
-    assert h.verdict("busy") is None and h.verdict("gap") is None
-    assert not [n for n, _ in h.cluster.events if n in ("busy", "gap")]
-    assert not [r for r, _, _ in h.cluster.patches if r.name in ("busy", "gap")]
+    assert h.verdict("busy") is None and h.verdict("gap") == "ACTIVE"
+    assert not [n for n, _ in h.cluster.events if n == "busy"]
+    assert not [r for r, _, _ in h.cluster.patches if r.name == "busy"]
     assert h.cluster.scaled == [] and h.cluster.evicted == []
     assert all(
         k in ("ghostgpu.io/verdict", "ghostgpu.io/evidence") for _, ann, _ in h.cluster.patches for k in ann
