@@ -140,8 +140,13 @@ def audit_requests(path: Path, t0: float, t1: float) -> dict[str, list[float]]:
     kept apart (`<agent> leases`): leader election is outside the budget by design."""
     out: dict[str, list[float]] = {}
     seen: set[str] = set()
-    if not path.exists():
-        return out
+    # the file and any rotated parts (audit-<time>.log) beside it
+    for part in sorted(path.parent.glob(f"{path.stem}*{path.suffix}")):
+        _read_audit(part, t0, t1, seen, out)
+    return out
+
+
+def _read_audit(path: Path, t0: float, t1: float, seen: set[str], out: dict[str, list[float]]) -> None:
     with path.open("rb") as f:
         for line in f:
             ev = orjson.loads(line)
@@ -154,7 +159,6 @@ def audit_requests(path: Path, t0: float, t1: float) -> dict[str, list[float]]:
                 if (ev.get("objectRef") or {}).get("resource") == "leases":
                     agent += " leases"
                 out.setdefault(agent, []).append(ts)
-    return out
 
 
 def budget_check(times: Sequence[float], qps: float) -> dict[str, float]:
@@ -410,6 +414,7 @@ async def _measure(
     budget = {
         "qps": cfg.qps,
         "burst": cfg.burst,
+        "window": [round(t0, 3), round(t1, 3)],
         "audited_by_user_agent": {ua: len(ts) for ua, ts in sorted(by_agent.items())},
         "controller": budget_check(by_agent.get(CONTROLLER_USER_AGENT, []), cfg.qps),
     }

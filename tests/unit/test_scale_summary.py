@@ -115,10 +115,14 @@ def test_audit_log_is_read_once_per_request_by_user_agent(tmp_path: Any) -> None
         )
         + "\n"
     )
+    # a rotated part beside it is read too
+    (tmp_path / "audit-2026-01-01T00-00-03.log").write_text(
+        ev("r", "ghostgpu-controller/0.1.0", "2026-01-01T00:00:03.000000Z") + "\n"
+    )
     t0 = 1767225600.0  # 2026-01-01T00:00:00Z
     got = audit_requests(log, t0, t0 + 5)
     assert {k: len(v) for k, v in got.items()} == {
-        "ghostgpu-controller/0.1.0": 2,
+        "ghostgpu-controller/0.1.0": 3,
         "ghostgpu-controller/0.1.0 leases": 1,
         "kube-scheduler/v1.35": 1,
     }
