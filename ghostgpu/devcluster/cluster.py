@@ -168,7 +168,10 @@ class DevCluster:
         nodes: list[GpuNodeSpec] | None = None,
         addons: tuple[str, ...] = ALL_ADDONS,
         log: Callable[[str], None] = lambda m: print(m, file=sys.stderr),
+        audit_policy: str | None = None,
     ) -> DevCluster:
+        """`audit_policy`: an audit Policy (YAML text); the apiserver then writes its audit log to
+        `<state_dir>/logs/audit.log` (the scale bench counts the controller's requests there)."""
         state_dir = state_dir or default_state_dir()
         existing = cls.attach(state_dir)
         if existing is not None:
@@ -190,7 +193,7 @@ class DevCluster:
         cls._stop_recorded(state_dir)  # a half-dead previous cluster: clear it first
         if state_dir.exists():
             shutil.rmtree(state_dir)
-        starter = _Starter(state_dir, tools, nodes or default_nodes(), tuple(addons), log)
+        starter = _Starter(state_dir, tools, nodes or default_nodes(), tuple(addons), log, audit_policy)
         try:
             state = starter.run()
         except BaseException:
@@ -252,8 +255,10 @@ class _Starter:
         nodes: list[GpuNodeSpec],
         addons: tuple[str, ...],
         log: Callable[[str], None],
+        audit_policy: str | None = None,
     ) -> None:
         self.dir = state_dir
+        self.audit_policy = audit_policy
         self.tools = tools
         self.nodes = nodes
         self.addons = addons
@@ -414,6 +419,19 @@ class _Starter:
         )
         self._mark("etcd")
 
+    def _audit_flags(self) -> list[str]:
+        if self.audit_policy is None:
+            return []
+        policy = self.dir / "audit-policy.yaml"
+        policy.write_text(self.audit_policy)
+        return [
+            f"--audit-policy-file={policy}",
+            f"--audit-log-path={self.logs / 'audit.log'}",
+            "--audit-log-format=json",
+            "--audit-log-mode=blocking",  # every event is on disk when its request returns
+            "--audit-log-maxsize=100000",  # MB; rotated parts (0 means 100 MB) are read too
+        ]
+
     def _apiserver(self) -> None:
         pki = self.pki.dir
         port = self.ports["apiserver"]
@@ -440,6 +458,7 @@ class _Starter:
                 "--allow-privileged=true",
                 "--profiling=false",
                 "--v=1",
+                *self._audit_flags(),
             ],
         )
         procs.wait_for("kube-apiserver /readyz", lambda: self._https_ok(port, "/readyz"), 120, rec)
