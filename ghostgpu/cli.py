@@ -129,8 +129,10 @@ def bench_detectors(
     _bench_detectors(seeds, first_seed, instances, window, fault_rate, as_json, as_markdown, plot)
 
 
-_SC_SIZES = typer.Option("100,1000,10000", "--sizes", help="Comma-separated fleet sizes N.")
-_SC_NODES = typer.Option(1250, "--nodes", min=1, help="kwok GPU nodes (8 GPUs each).")
+_SC_SIZES = typer.Option("100,1000,10000,50000", "--sizes", help="Comma-separated fleet sizes N.")
+_SC_NODES = typer.Option(
+    0, "--nodes", min=0, help="kwok GPU nodes (8 GPUs each); 0: enough for the largest N (6,250 for 50,000)."
+)
 _SC_IDLE = typer.Option(0.01, "--idle-fraction", min=0.0, max=1.0, help="Fraction of idle pods.")
 _SC_STEADY = typer.Option(3, "--steady-polls", min=1, help="Measured polls after the warm-up.")
 _SC_SAMPLE = typer.Option(1000, "--naive-sample", min=1, help="The baseline visits at most this many pods.")
@@ -152,7 +154,12 @@ def bench_scale(
     from_json: Path | None = _SC_FROM_JSON,
     plot: Path | None = _SC_PLOT,
 ) -> None:
-    """Scale bench: per-poll cost of the controller vs a naive cron script at each N."""
+    """Scale bench: per-poll cost of the controller vs a naive cron script at each N.
+
+    CPU is judged against the floor of one poll measured in the same run, on the same machine.
+
+    The first-verdict poll is checked against the apiserver budget in the apiserver's audit log.
+    """
     from ghostgpu.extras import require
 
     require("kubernetes", "devcluster", "ghostgpu bench scale")  # it runs the local test cluster

@@ -334,8 +334,10 @@ QueryTemplate = Annotated[str, AfterValidator(_query_template)]
 class MetricsPreset(Model):
     """Where GPU signals live in Prometheus for one exporter family.
 
-    Query templates are `string.Template` PromQL; the controller fills `${namespaces}` and `${pods}`
-    (regex alternations of every tracked pod, so one query per poll covers the whole fleet)."""
+    Query templates are `string.Template` PromQL; the controller fills `${namespaces}` with the
+    regex alternation of the tracked pods' namespaces and `${pods}` with `.+`, and keeps the tracked
+    pods' series itself: one query per poll covers the whole fleet, and its size does not grow
+    with it (`render_query` still names pods, for a person reading one workload's series)."""
 
     utilization_metric: str
     utilization_scale: float = Field(1.0, gt=0, description="multiply by this to get percent (0-100)")
@@ -447,6 +449,17 @@ class MetricsConfig(Model):
 class PrometheusConfig(Model):
     url: str = "http://prometheus-operated.monitoring.svc:9090"
     timeout: Duration = Duration("10s")
+
+
+class ApiserverConfig(Model):
+    """The client-side budget every apiserver write and exec waits on (ghostgpu.controller.budget):
+    a token bucket of `burst` requests refilled at `qps` per second, like client-go's rate limiter
+    (controller-runtime's defaults)."""
+
+    qps: float = Field(20.0, gt=0, le=10000, description="writes and execs per second, sustained")
+    burst: int = Field(
+        30, ge=1, le=100000, description="writes and execs allowed at once after a quiet spell"
+    )
 
 
 class S3Config(Model):
@@ -586,6 +599,7 @@ class ControllerConfig(Model):
     gpu_memory: GpuMemoryConfig = Field(default_factory=GpuMemoryConfig)
     prometheus: PrometheusConfig = Field(default_factory=PrometheusConfig)
     s3: S3Config = Field(default_factory=S3Config)
+    apiserver: ApiserverConfig = Field(default_factory=ApiserverConfig)
     metrics: MetricsConfig = Field(default_factory=MetricsConfig)
     actions: ActionsConfig = Field(default_factory=ActionsConfig)
     alerts: AlertsConfig = Field(default_factory=AlertsConfig)

@@ -22,6 +22,7 @@ decides) from an `ACTIVE` job in a short batch gap (dataloader stall, checkpoint
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from enum import StrEnum
 from typing import Annotated, Literal
 
@@ -426,6 +427,49 @@ def _zero_run(samples: tuple[UtilizationSample, ...], threshold: float) -> int:
     return run
 
 
+def _window_case(
+    samples: Sequence[UtilizationSample], policy: VerdictPolicy
+) -> tuple[VerdictKind, Reason] | None:
+    """The verdict when the utilization window alone settles it (too few samples, a failed one, a
+    non-zero one); None when the newest K samples are all zero and the other signals decide."""
+    k = policy.effective_window
+    if len(samples) < k:
+        return VerdictKind.UNKNOWN, Reason.INSUFFICIENT_SAMPLES
+    window = samples[-k:]
+    if any(isinstance(s, SignalFailure) for s in window):
+        return VerdictKind.UNKNOWN, Reason.UTILIZATION_FAILED
+    threshold = policy.zero_threshold
+    if not all(_is_zero(s, threshold) for s in window):
+        return VerdictKind.ACTIVE, Reason.UTILIZATION_NONZERO
+    return None
+
+
+_SETTLED: dict[tuple[Rule, VerdictKind, Reason], Verdict] = {}
+
+
+def window_verdict(samples: Sequence[UtilizationSample], policy: VerdictPolicy) -> Verdict | None:
+    """decide()'s first step alone: for evidence with these utilization samples and no GPU memory
+    reading, `decide()` returns exactly this verdict whatever the other signals say; None when the
+    window is all zero (then only `decide()` on the whole evidence can tell). Lets a caller skip
+    assembling the evidence of the many workloads that are plainly busy (or plainly unknown); the
+    verdicts are shared immutable objects."""
+    settled = _window_case(samples, policy)
+    if settled is None:
+        return None
+    key = (policy.rule, *settled)
+    v = _SETTLED.get(key)
+    if v is None:
+        v = _SETTLED[key] = Verdict.model_construct(
+            kind=settled[0],
+            rule=policy.rule,
+            reasons=(settled[1],),
+            live_processes=None,
+            defunct_processes=None,
+            memory_bytes=None,
+        )
+    return v
+
+
 def decide(evidence: Evidence, policy: VerdictPolicy | None = None) -> Verdict:
     """The verdict for one workload over one window. Pure: same input, same output."""
     policy = policy or VerdictPolicy()
@@ -448,14 +492,9 @@ def decide(evidence: Evidence, policy: VerdictPolicy | None = None) -> Verdict:
         )
 
     # 1. Utilization opens the case: the newest K samples, all present, all zero.
-    k = policy.effective_window
-    if len(evidence.utilization) < k:
-        return verdict(VerdictKind.UNKNOWN, Reason.INSUFFICIENT_SAMPLES)
-    window = evidence.utilization[-k:]
-    if any(isinstance(s, SignalFailure) for s in window):
-        return verdict(VerdictKind.UNKNOWN, Reason.UTILIZATION_FAILED)
-    if not all(_is_zero(s, policy.zero_threshold) for s in window):
-        return verdict(VerdictKind.ACTIVE, Reason.UTILIZATION_NONZERO)
+    settled = _window_case(evidence.utilization, policy)
+    if settled is not None:
+        return verdict(*settled)
     if rule in (Rule.SINGLE_UTIL, Rule.WINDOW_UTIL):
         return verdict(VerdictKind.FINISHED_IDLE, Reason.UTILIZATION_ZERO)
 

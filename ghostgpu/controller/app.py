@@ -19,10 +19,12 @@ from typing import Any
 
 import yaml
 
+from ghostgpu import __version__
 from ghostgpu.config import ControllerConfig, load_config, load_controller_config
 from ghostgpu.controller import keys
 from ghostgpu.controller.accounting import FlavorSpec, node_flavor
 from ghostgpu.controller.actuators import ActuatorTable
+from ghostgpu.controller.budget import BudgetedApi, BudgetedExec, BudgetMetrics, RequestBudget
 from ghostgpu.controller.decisions import DecisionLog
 from ghostgpu.controller.gitops import ApiReader, GitOpsPreflight
 from ghostgpu.controller.inventory import (
@@ -52,6 +54,7 @@ from ghostgpu.controller.reconciler import PollResult, Reconciler, Snapshot, acc
 from ghostgpu.controller.reservation import (
     ReservationMetrics,
     Reservations,
+    borrowed_reservations,
     desired_from,
     fill_accounts,
 )
@@ -195,12 +198,32 @@ def loop_healthy(
     return ok, f"last {what} {now - last:.0f}s ago"
 
 
+CONTROLLER_USER_AGENT = f"ghostgpu-controller/{__version__}"
+
+
 async def _kube_api(kubeconfig: str | None) -> Any:
     import kr8s.asyncio
 
-    if kubeconfig:
-        return await kr8s.asyncio.api(kubeconfig=kubeconfig)
-    return await kr8s.asyncio.api()
+    api = await (kr8s.asyncio.api(kubeconfig=kubeconfig) if kubeconfig else kr8s.asyncio.api())
+    _identify(api, CONTROLLER_USER_AGENT)
+    return api
+
+
+def _identify(api: Any, agent: str) -> None:
+    """Send our own User-Agent (kr8s sends its bare version number): the apiserver's audit log
+    and API Priority and Fairness see the controller by name. Exec connections copy it from
+    the session (podexec._endpoint_for)."""
+    create = getattr(api, "_create_session", None)
+    if create is None:
+        return
+
+    async def create_session() -> None:
+        await create()
+        api._session.headers["User-Agent"] = agent
+
+    api._create_session = create_session
+    if getattr(api, "_session", None) is not None:
+        api._session.headers["User-Agent"] = agent
 
 
 async def run_controller(
@@ -222,12 +245,15 @@ async def run_controller(
     cfg = loaded.controller
     identity = identity or os.environ.get("POD_NAME") or f"{socket.gethostname()}-{os.getpid()}"
     api = await _kube_api(kubeconfig)
-    cluster = Cluster(api, instance=identity)
+    metrics = ControllerMetrics()
+    # One budget for every write (through Cluster) and every exec (budget.py); the watches and
+    # the leader election use `api` itself.
+    budget = RequestBudget(cfg.apiserver.qps, cfg.apiserver.burst, metrics=BudgetMetrics(metrics.registry))
+    cluster = Cluster(BudgetedApi(api, budget), instance=identity)
     known = [f.resource for f in loaded.flavors or []]
     is_gpu = gpu_predicate(known)
     table = ActuatorTable(cfg.actuators)
     informers = Informers(api, is_gpu, table)
-    metrics = ControllerMetrics()
     elector = LeaderElector(
         api,
         namespace=lease_namespace or os.environ.get("POD_NAMESPACE") or cfg.namespace,
@@ -240,7 +266,7 @@ async def run_controller(
     )
     prom = PrometheusClient(cfg.prometheus.url, timeout=cfg.prometheus.timeout.seconds)
     spec = QuerySpec.from_preset(cfg.metrics.active, max_sample_age=cfg.stale_after.seconds)
-    executor = KubeExec(api)
+    executor = BudgetedExec(KubeExec(api), budget)
     s3 = S3ArtifactProbe(endpoint_url=cfg.s3.endpoint, region=cfg.s3.region) if _s3_possible() else None
     dlog = DecisionLog(decision_log)
     reconciler = Reconciler(
@@ -269,9 +295,12 @@ async def run_controller(
     started = time.time()
 
     def healthy() -> tuple[bool, str]:
-        return loop_healthy(
-            time.time(), started, interval, reconciler.last_poll_end, reconciler.last_progress
-        )
+        # A request let through by the budget is progress too: a poll waiting on the budget for
+        # its execs or writes is slow, not stuck.
+        now = time.time()
+        granted = None if budget.last_grant is None else now - (time.monotonic() - budget.last_grant)
+        last = max([t for t in (reconciler.last_progress, granted) if t is not None], default=None)
+        return loop_healthy(now, started, interval, reconciler.last_poll_end, last)
 
     def ready() -> tuple[bool, str]:
         return informers.synced, "watch caches synced" if informers.synced else "watch caches syncing"
@@ -350,6 +379,7 @@ async def run_controller(
         await asyncio.gather(*tasks, return_exceptions=True)
         await server.stop()
         await prom.aclose()
+        await budget.aclose()
         log.info("controller stopped", extra={"identity": identity})
 
 
@@ -381,6 +411,7 @@ async def reserve(
     except Exception as exc:  # no Kueue (yet), an apiserver error: next poll tries again
         log.warning("reservation failed", extra={"error": f"{type(exc).__name__}: {exc}"})
         return
+    report.borrowed = borrowed_reservations(report.admitted, cqs, {f.name: f.resource for f in flavors})
     rmetrics.set(report)
     fill_accounts(accounts, report.desired, report.admitted)
     if report.created or report.deleted or report.errors:

@@ -22,7 +22,9 @@ from ghostgpu.config import ControllerConfig
 from ghostgpu.controller.actuators import Actuator, ActuatorTable, table_from
 from ghostgpu.controller.inventory import Workload
 from ghostgpu.controller.stops import describe_stop
-from ghostgpu.verdict import RECLAIMABLE_KINDS, Verdict, VerdictKind
+from ghostgpu.verdict import RECLAIMABLE_KINDS, Reason, Verdict, VerdictKind
+
+PLAIN_ACTIVE = (Reason.UTILIZATION_NONZERO,)
 
 ActionKind = Literal["none", "would-reclaim", "scale-to-zero", "evict", "escalate", "disabled"]
 
@@ -80,6 +82,11 @@ def facts_for(workload: Workload, team: str | None) -> WorkloadFacts:
     )
 
 
+def silent_first(verdict: Verdict, previous: VerdictKind | None) -> bool:
+    """A first verdict that is plainly busy: not written (see plan)."""
+    return previous is None and verdict.kind is VerdictKind.ACTIVE and verdict.reasons == PLAIN_ACTIVE
+
+
 def plan(
     workload: Workload,
     verdict: Verdict,
@@ -89,7 +96,14 @@ def plan(
     team: str | None = None,
     autonomy: AutonomyConfig | None = None,
 ) -> Plan:
-    record = previous != verdict.kind and not verdict.warming_up
+    # A first verdict of plain ACTIVE (utilization non-zero, nothing else to say) is not recorded:
+    # it would change nothing anyone acts on (the controller keeps its verdicts in memory; no
+    # annotation still reads as "no finding"), and at fleet scale it was nearly all of a controller
+    # start's writes (3 requests per workload: 150,000 at 50,000 pods, two hours at the default
+    # apiserver budget). An ACTIVE that says more (a batch gap: zero utilization, live processes;
+    # output still growing) is recorded, and so is leaving another recorded verdict for ACTIVE, so a
+    # stale finding never stays on a workload.
+    record = previous != verdict.kind and not verdict.warming_up and not silent_first(verdict, previous)
     if verdict.kind not in RECLAIMABLE_KINDS:
         return Plan(record, "none")
     if workload.exempt:  # belt and braces: exempt workloads are filtered before judging

@@ -30,7 +30,7 @@ from typing import Any
 
 from ghostgpu.autonomy import AutonomyConfig
 from ghostgpu.config import ControllerConfig
-from ghostgpu.controller import keys, stops
+from ghostgpu.controller import budget, keys, stops
 from ghostgpu.controller.accounting import FlavorAccount, FlavorSpec, account, node_flavor
 from ghostgpu.controller.actuators import RECLAIMED_FROM_RECORD, Actuator, table_from
 from ghostgpu.controller.decisions import DecisionLog, DecisionRow
@@ -53,7 +53,7 @@ from ghostgpu.controller.inventory import (
 from ghostgpu.controller.kube import AdmissionDenied, Cluster, Conflict, NotFound
 from ghostgpu.controller.ledger import LedgerEntry, ReplicaLedger, ledger_key, ref_of_key
 from ghostgpu.controller.metrics import ControllerMetrics
-from ghostgpu.controller.planner import Plan, plan
+from ghostgpu.controller.planner import Plan, plan, silent_first
 from ghostgpu.controller.revert_guard import MARK as REVERT_MARK
 from ghostgpu.controller.revert_guard import Candidate, RevertGuard
 from ghostgpu.controller.stopspec import StopSpec, stop_spec_for
@@ -86,6 +86,7 @@ from ghostgpu.verdict import (
     Verdict,
     VerdictKind,
     decide,
+    window_verdict,
 )
 
 log = logging.getLogger("ghostgpu.controller")
@@ -118,7 +119,9 @@ class Judged:
     workload: Workload
     pods: list[PodView]
     verdict: Verdict
-    evidence: Evidence
+    # None when the utilization window alone settled the verdict and nothing was written (the
+    # evidence is assembled only where it is used: verdict.window_verdict).
+    evidence: Evidence | None
     plan: Plan
 
 
@@ -413,17 +416,24 @@ class Reconciler:
             faults = workload_faults([p.faults for p in pods], xids)
             if isinstance(faults, SignalFailure):
                 self.metrics.signal_failures.labels("faults", faults.reason.value).inc()
-            # GPU memory is read where the processes are: only once the window is all zero (the
-            # verdict never looks at it otherwise), so busy workloads cost nothing more per poll.
-            memory: GpuMemory | SignalFailure | None = None
-            if processes[ref] is not None:
-                memory = workload_memory(readings[PodKey(p.namespace, p.name)] for p in pods)
-                if isinstance(memory, SignalFailure):
-                    self.metrics.signal_failures.labels("memory", memory.reason.value).inc()
-            evidence = assemble(
-                st, window=self.cfg.window, processes=processes[ref], faults=faults, memory=memory
-            )
-            verdict = decide(evidence, self.policy)
+            # Most workloads are plainly busy (or plainly unknown): their utilization window settles
+            # the verdict, which is decide()'s own first step (verdict.window_verdict), so their
+            # evidence is assembled only if it is written. Those with processes listed (an
+            # all-zero window) take the whole of decide().
+            evidence: Evidence | None = None
+            verdict = window_verdict(st.ring.samples, self.policy) if processes[ref] is None else None
+            if verdict is None:
+                # GPU memory is read where the processes are: only once the window is all zero
+                # (the verdict never looks at it otherwise).
+                memory: GpuMemory | SignalFailure | None = None
+                if processes[ref] is not None:
+                    memory = workload_memory(readings[PodKey(p.namespace, p.name)] for p in pods)
+                    if isinstance(memory, SignalFailure):
+                        self.metrics.signal_failures.labels("memory", memory.reason.value).inc()
+                evidence = assemble(
+                    st, window=self.cfg.window, processes=processes[ref], faults=faults, memory=memory
+                )
+                verdict = decide(evidence, self.policy)
             recorded = _recorded(wl, pods)
             # An owner with no actuator carries no verdict annotation (nothing is written to it):
             # its previous verdict is this process's memory, so its Events follow verdict changes.
@@ -439,13 +449,27 @@ class Reconciler:
             if leader:
                 if verdict.kind not in RECLAIMABLE_KINDS:
                     st.escalated_for = st.blocked_for = None  # re-arm: a later ghost is announced again
-                if p.action in _NO_ACTION:
-                    if p.record or (not wl.no_actuator and _reasons_changed(recorded, verdict)):
-                        records.append((wl, pods, st, verdict, evidence, p))
+                # An owner with no actuator gets no reasons-only update: nothing is written to it.
+                if p.action in _NO_ACTION and not (
+                    p.record or (not wl.no_actuator and _reasons_changed(recorded, verdict))
+                ):
                     continue  # most workloads on most polls: nothing to write, no apply() call
-                # Reclaims and escalations: one at a time, in order (the ledger ConfigMap is shared).
-                await self._apply_one(result, wl, pods, st, verdict, evidence, p)
+                if evidence is None:  # settled by the window, and now written: the same evidence
+                    evidence = assemble(st, window=self.cfg.window, processes=None, faults=faults)
+                    result.judged[ref].evidence = evidence
+                if p.action in _NO_ACTION:
+                    records.append((wl, pods, st, verdict, evidence, p))
+                    continue
+                # Reclaims and escalations: one at a time, in order (the ledger ConfigMap is shared),
+                # first in the apiserver budget's queue.
+                with budget.priority(
+                    budget.Priority.ESCALATE if p.action == "escalate" else budget.Priority.RECLAIM
+                ):
+                    await self._apply_one(result, wl, pods, st, verdict, evidence, p)
         if records:
+            # Most valuable first: reclaimable findings, then other verdict changes, then
+            # reasons-only updates of an ACTIVE verdict (budget.Priority).
+            records.sort(key=lambda r: _record_priority(r[3], r[5]))
             await self._apply_records(result, records)
         if leader:
             # Run-length: only changed rows reach the file (decisions.py).
@@ -506,7 +530,8 @@ class Reconciler:
 
         async def worker() -> None:
             for args in todo:
-                await self._apply_one(result, *args)
+                with budget.priority(_record_priority(args[3], args[5])):
+                    await self._apply_one(result, *args)
 
         await asyncio.gather(*(worker() for _ in range(min(WRITE_CONCURRENCY, len(records)))))
 
@@ -996,8 +1021,19 @@ _NO_ACTION = frozenset({"none", "would-reclaim", "disabled"})
 
 def _reasons_changed(recorded: Mapping[str, str], verdict: Verdict) -> bool:
     """Annotations follow the reasons too (ACTIVE busy -> ACTIVE in a batch gap is worth seeing);
-    never for a warm-up UNKNOWN (Verdict.warming_up)."""
-    return not verdict.warming_up and _reasons_of(recorded) != list(verdict.reasons)
+    never for a warm-up UNKNOWN (Verdict.warming_up), and never onto a workload that carries no
+    verdict while it is plainly busy (not written: planner.silent_first)."""
+    if verdict.warming_up:
+        return False
+    if keys.VERDICT not in recorded and silent_first(verdict, None):
+        return False
+    return _reasons_of(recorded) != list(verdict.reasons)
+
+
+def _record_priority(verdict: Verdict, p: Plan) -> budget.Priority:
+    if not p.record:
+        return budget.Priority.ACTIVE  # the reasons changed, the verdict did not
+    return budget.Priority.FINDING if verdict.kind in RECLAIMABLE_KINDS else budget.Priority.VERDICT
 
 
 def _reasons_of(annotations: Mapping[str, str]) -> list[str] | None:

@@ -19,7 +19,13 @@ The placeholder:
   `blockAdmission: true`, block every admission until then;
 - is named after what it reserves (holder, flavor, count): a different count is a new placeholder,
   created before the old one is deleted (Kueue's podSets are immutable once admitted, and the
-  order never leaves the held GPUs unreserved).
+  order never leaves the held GPUs unreserved);
+- once Kueue evicts it (preempted by a cohort reclaim or fair sharing, a PodsReady timeout,
+  deactivated) it is deleted and created anew at the next poll: Kueue hands an evicted Workload's
+  quota back only after its job controller stops the job and clears the admission, and an
+  owner-less Workload has no job controller, so an evicted placeholder would hold its quota and
+  keep the preemptor waiting for ever. Each eviction is counted
+  (`ghostgpu_reservation_evictions_total`) and announced by an Event on the placeholder.
 
 `desired_reservations` is pure (the snapshot in, the reservations out); `plan_changes` compares it
 with the placeholders that exist; `Reservations.reconcile` (leader only) lists, creates, deletes,
@@ -36,7 +42,7 @@ import logging
 import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from kr8s._exceptions import ServerError
@@ -45,6 +51,7 @@ from ghostgpu.controller import keys
 from ghostgpu.controller.accounting import FlavorSpec, node_flavors_of
 from ghostgpu.controller.inventory import PodView, Workload, WorkloadRef, namespace_opted_in
 from ghostgpu.controller.kube import ResourceType, status_of
+from ghostgpu.quantity import parse_quantity
 
 log = logging.getLogger("ghostgpu.controller.reservation")
 
@@ -193,12 +200,27 @@ class Placeholder:
     admitted: bool
     pods_ready: bool
     cluster_queue: str  # from status.admission, "" until admitted
+    uid: str = ""
+    # Kueue evicted it: "Preempted", "PodsReadyTimeout", "Deactivated"... ("" while it is not).
+    evicted: str = ""
+    # Why, when preempted: Kueue's Preempted condition reason (InCohortReclamation,
+    # InCohortFairSharing, InClusterQueue...), and the condition messages (name the preemptor).
+    preempted: str = ""
+    eviction_message: str = ""
+    deleting: bool = False
 
     @classmethod
     def from_object(cls, obj: Mapping[str, Any]) -> Placeholder:
         meta = obj.get("metadata") or {}
         ann = meta.get("annotations") or {}
-        conds = {c.get("type"): c.get("status") for c in (obj.get("status") or {}).get("conditions") or []}
+        cond_list = (obj.get("status") or {}).get("conditions") or []
+        conds = {c.get("type"): c.get("status") for c in cond_list}
+        true = {str(c.get("type")): c for c in cond_list if c.get("status") == "True"}
+        evicted = str(true["Evicted"].get("reason") or "Evicted") if "Evicted" in true else ""
+        if not evicted and (obj.get("spec") or {}).get("active") is False:
+            evicted = "Deactivated"
+        preempted = str(true["Preempted"].get("reason") or "") if "Preempted" in true else ""
+        messages = [str(true[t].get("message") or "") for t in ("Evicted", "Preempted") if t in true]
         gpus, resource = 0, ""
         for ps in (obj.get("spec") or {}).get("podSets") or []:
             for c in ((ps.get("template") or {}).get("spec") or {}).get("containers") or []:
@@ -215,7 +237,25 @@ class Placeholder:
             admitted=conds.get("Admitted") == "True",
             pods_ready=conds.get("PodsReady") == "True",
             cluster_queue=str(admission.get("clusterQueue", "")),
+            uid=str(meta.get("uid", "")),
+            evicted=evicted,
+            preempted=preempted,
+            eviction_message="; ".join(m for m in messages if m),
+            deleting=bool(meta.get("deletionTimestamp")),
         )
+
+    @property
+    def eviction_reason(self) -> str:
+        """The metric's `reason`: the preemption's kind when preempted, else the eviction's."""
+        return self.preempted or self.evicted
+
+    def involved(self) -> dict[str, Any]:
+        """Enough of the Workload for an Event's involvedObject."""
+        return {
+            "apiVersion": WORKLOADS.version,
+            "kind": "Workload",
+            "metadata": {"name": self.name, "namespace": self.namespace, "uid": self.uid},
+        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -223,18 +263,26 @@ class Changes:
     create: list[Reservation]
     delete: list[Placeholder]
     mark_ready: list[Placeholder]
+    # Still wanted, but Kueue evicted them: deleted now (which hands their quota back), created
+    # again at the next poll (a name is reused only once the old Workload is gone).
+    evicted: list[Placeholder] = field(default_factory=list)
 
 
 def plan_changes(desired: Sequence[Reservation], existing: Sequence[Placeholder]) -> Changes:
     """Create what is missing, delete what nobody holds any more (after the creates: the held
-    GPUs never go unreserved), mark admitted placeholders ready. Matched by (namespace, name): the
-    name carries holder, flavor and count."""
+    GPUs never go unreserved), mark admitted placeholders ready, replace evicted ones. Matched by
+    (namespace, name): the name carries holder, flavor and count. A placeholder being deleted is
+    left alone (its name is created again once it is gone)."""
     have = {(p.namespace, p.name): p for p in existing}
     want = {(r.namespace, r.name): r for r in desired}
+    live = {k: p for k, p in sorted(have.items()) if not p.deleting}
     return Changes(
         create=[r for k, r in sorted(want.items()) if k not in have],
-        delete=[p for k, p in sorted(have.items()) if k not in want],
-        mark_ready=[p for k, p in sorted(have.items()) if k in want and p.admitted and not p.pods_ready],
+        delete=[p for k, p in live.items() if k not in want],
+        mark_ready=[
+            p for k, p in live.items() if k in want and p.admitted and not p.pods_ready and not p.evicted
+        ],
+        evicted=[p for k, p in live.items() if k in want and p.evicted],
     )
 
 
@@ -332,6 +380,8 @@ class ReservationReport:
     deleted: int = 0
     marked_ready: int = 0
     errors: int = 0
+    evicted: list[Placeholder] = field(default_factory=list)  # this poll's newly seen evictions
+    borrowed: dict[tuple[str, str], int] = field(default_factory=dict)  # borrowed_reservations
 
     def desired_by(self) -> dict[tuple[str, str, str], int]:
         out: dict[tuple[str, str, str], int] = {}
@@ -344,7 +394,7 @@ class ReservationReport:
 def admitted_by_flavor(placeholders: Iterable[Placeholder]) -> dict[tuple[str, str], int]:
     out: dict[tuple[str, str], int] = {}
     for p in placeholders:
-        if p.admitted:
+        if p.admitted and not p.evicted:  # an evicted one is about to be replaced: it holds nothing
             out[(p.cluster_queue, p.flavor)] = out.get((p.cluster_queue, p.flavor), 0) + p.gpus
     return out
 
@@ -358,6 +408,7 @@ class Reservations:
         self.local_queue = local_queue
         self.emit_event = emit_event  # Cluster.event
         self.announced: dict[tuple[str, str, str], str] = {}  # workload -> last message sent
+        self.evictions_seen: set[str] = set()  # uids of evicted placeholders already counted
 
     async def _list(self, rt: ResourceType, selector: str | None = None) -> list[dict[str, Any]]:
         params: dict[str, Any] = {"limit": 500}
@@ -391,6 +442,7 @@ class Reservations:
             Placeholder.from_object(o) for o in await self._list(WORKLOADS, f"{RESERVATION_LABEL}=true")
         ]
         report.admitted = admitted_by_flavor(existing)
+        self.evictions_seen &= {p.uid for p in existing}
         # Shadow reserves nothing: it only removes placeholders an earlier enforce run left behind.
         changes = plan_changes(desired if self.mode == "enforce" else [], existing)
         labels_of = {f.name: f.node_labels for f in flavors}
@@ -399,6 +451,15 @@ class Reservations:
                 "POST", r.namespace, "workloads", placeholder_object(r, labels_of.get(r.flavor, {}))
             )
         for p in changes.delete:
+            report.deleted += await self._write("DELETE", p.namespace, f"workloads/{p.name}", None)
+        cq_of = {(r.namespace, r.name): r.cluster_queue for r in desired}
+        for p in changes.evicted:
+            if p.uid not in self.evictions_seen:  # a failed delete is retried, not counted again
+                self.evictions_seen.add(p.uid)
+                report.evicted.append(
+                    replace(p, cluster_queue=p.cluster_queue or cq_of[(p.namespace, p.name)])
+                )
+                await self._announce_eviction(p)
             report.deleted += await self._write("DELETE", p.namespace, f"workloads/{p.name}", None)
         for p in changes.mark_ready:
             report.marked_ready += await self._write(
@@ -411,6 +472,7 @@ class Reservations:
         report.errors = (
             len(changes.create)
             + len(changes.delete)
+            + len(changes.evicted)
             + len(changes.mark_ready)
             - (report.created + report.deleted + report.marked_ready)
         )
@@ -445,6 +507,24 @@ class Reservations:
             return 0
         log.info("reservation", extra={"method": method, "namespace": namespace, "url": url})
         return 1
+
+    async def _announce_eviction(self, p: Placeholder) -> None:
+        why = f" ({p.eviction_message})" if p.eviction_message else ""
+        message = (
+            f"Kueue evicted the reservation of {p.gpus} {p.resource} held outside Kueue by {p.holder}: "
+            f"{p.eviction_reason}{why}. Until it is admitted again Kueue may admit work onto those "
+            "GPUs; ghostgpu deletes it (an owner-less Workload keeps its quota when evicted) and "
+            "creates it again at the next poll."
+        )
+        try:
+            await self.emit_event(p.involved(), reason="ReservationEvicted", message=message, type_="Warning")
+        except ServerError as exc:
+            log.warning("cannot write an Event", extra={"workload": p.name, "error": str(exc)[:300]})
+        log.warning(
+            "reservation evicted",
+            extra={"namespace": p.namespace, "workload": p.name, "reason": p.eviction_reason,
+                   "detail": p.eviction_message[:300]},
+        )  # fmt: skip
 
     async def _announce(
         self, desired: Sequence[Reservation], local_queues: Sequence[Mapping[str, Any]]
@@ -508,6 +588,33 @@ def desired_from(
     )
 
 
+def borrowed_reservations(
+    admitted: Mapping[tuple[str, str], int],
+    cluster_queues: Iterable[Mapping[str, Any]],
+    resource_of: Mapping[str, str],
+) -> dict[tuple[str, str], int]:
+    """(ClusterQueue, flavor) -> GPUs of the admitted reservation that may stand on quota borrowed
+    in the cohort: at most what the ClusterQueue borrows of that flavor's GPU resource
+    (status.flavorsUsage[].resources[].borrowed). A reclaim by the lender (`reclaimWithinCohort`)
+    or fair sharing may preempt a Workload of a borrowing ClusterQueue, the placeholder too; Kueue
+    then admits the lender's work onto GPUs the holder still uses until the placeholder is admitted
+    again (docs/reservation.md). Whole GPUs, rounded up."""
+    borrowed: dict[tuple[str, str], float] = {}
+    for cq in cluster_queues:
+        name = str((cq.get("metadata") or {}).get("name", ""))
+        for fu in (cq.get("status") or {}).get("flavorsUsage") or []:
+            flavor = str(fu.get("name", ""))
+            for r in fu.get("resources") or []:
+                if r.get("name") == resource_of.get(flavor) and r.get("borrowed"):
+                    borrowed[(name, flavor)] = float(parse_quantity(str(r["borrowed"])))
+    out: dict[tuple[str, str], int] = {}
+    for key, gpus in sorted(admitted.items()):
+        at_risk = min(gpus, math.ceil(borrowed.get(key, 0.0)))
+        if at_risk > 0:
+            out[key] = at_risk
+    return out
+
+
 def fill_accounts(
     accounts: Iterable[Any], desired: Sequence[Reservation], admitted: Mapping[tuple[str, str], int]
 ) -> None:
@@ -524,7 +631,7 @@ class ReservationMetrics:
     """Gauges on the controller's registry (same numbers as `ghostgpu status`)."""
 
     def __init__(self, registry: Any) -> None:
-        from prometheus_client import Gauge
+        from prometheus_client import Counter, Gauge
 
         self.desired = Gauge(
             "ghostgpu_reservation_gpus",
@@ -537,6 +644,22 @@ class ReservationMetrics:
             "ghostgpu_reservation_admitted_gpus",
             "GPUs reserved by placeholder Workloads that Kueue admitted, by ClusterQueue and flavor.",
             ["cluster_queue", "flavor"],
+            registry=registry,
+        )
+        self.borrowed = Gauge(
+            "ghostgpu_reservation_borrowed_gpus",
+            "GPUs of the admitted reservation that may stand on quota the ClusterQueue borrows in its "
+            "cohort: a reclaim by the lender or fair sharing can preempt them (then Kueue admits the "
+            "lender's work onto GPUs still held until the placeholder is admitted again).",
+            ["cluster_queue", "flavor"],
+            registry=registry,
+        )
+        self.evictions = Counter(
+            "ghostgpu_reservation_evictions_total",
+            "Placeholder Workloads Kueue evicted (then deleted and created again by the controller), by "
+            "ClusterQueue and reason (the preemption's kind, e.g. InCohortReclamation or "
+            "InCohortFairSharing, else the eviction's, e.g. PodsReadyTimeout).",
+            ["cluster_queue", "reason"],
             registry=registry,
         )
         self.writes = Gauge(
@@ -553,6 +676,11 @@ class ReservationMetrics:
         self.admitted.clear()
         for (cq, flavor), gpus in sorted(report.admitted.items()):
             self.admitted.labels(cq, flavor).set(gpus)
+        self.borrowed.clear()
+        for (cq, flavor), gpus in sorted(report.borrowed.items()):
+            self.borrowed.labels(cq, flavor).set(gpus)
+        for p in report.evicted:
+            self.evictions.labels(p.cluster_queue, p.eviction_reason).inc()
         for kind, n in (
             ("create", report.created),
             ("delete", report.deleted),
@@ -570,6 +698,7 @@ __all__ = [
     "ReservationReport",
     "Reservations",
     "admitted_by_flavor",
+    "borrowed_reservations",
     "cq_flavors",
     "desired_from",
     "desired_reservations",

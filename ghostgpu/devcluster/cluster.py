@@ -11,9 +11,10 @@ import shutil
 import ssl
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import httpx
 import yaml
@@ -121,6 +122,34 @@ class DevCluster:
     def unscrape(self, name: str) -> None:
         (self.state_dir / SCRAPE_TARGETS_DIR / f"{name}.json").unlink(missing_ok=True)
 
+    def restart_kueue(self, overrides: Mapping[str, Any] | None = None, timeout: float = 120) -> float:
+        """Restart the Kueue manager with its Configuration (kueue-config.yaml in the state dir, as
+        started) merged with `overrides` (nested mappings merge, None removes a key, anything else
+        replaces); None restores the Configuration it started with. Kueue reads its Configuration
+        only at start, so a test that needs another one (waitForPodsReady, fairSharing) restarts the
+        manager instead of a whole cluster. Returns the seconds until /readyz answered."""
+        if "kueue" not in self.state.addons:
+            raise RuntimeError("this devcluster runs without Kueue")
+        started = self.state_dir / "kueue-config.yaml"
+        original = self.state_dir / "kueue-config.original.yaml"
+        if not original.exists():
+            shutil.copy(started, original)
+        cfg = merge_overrides(yaml.safe_load(original.read_text()), overrides or {})
+        started.write_text(yaml.safe_dump(cfg, sort_keys=True))
+        [old] = [p for p in self.state.processes if p.name == "kueue"]
+        if not procs.alive(old):
+            raise RuntimeError(f"kueue (pid {old.pid}) is not running; log tail:\n{procs.tail(old.log)}")
+        # The record keeps argv[0] only: the running manager's own command line is the one to repeat.
+        argv = [a.decode() for a in Path(f"/proc/{old.pid}/cmdline").read_bytes().split(b"\0") if a]
+        t0 = time.monotonic()
+        procs.stop(old)
+        rec = procs.start("kueue", argv, self.state_dir / "logs", cwd=self.state_dir)
+        self.state.processes = [rec if p.name == "kueue" else p for p in self.state.processes]
+        (self.state_dir / "state.json").write_text(self.state.model_dump_json(indent=2))
+        url = f"http://127.0.0.1:{self.state.ports['kueue_health']}/readyz"
+        procs.wait_for("kueue /readyz", lambda: httpx.get(url, timeout=2).status_code == 200, timeout, rec)
+        return time.monotonic() - t0
+
     @classmethod
     def attach(cls, state_dir: Path | None = None) -> DevCluster | None:
         """The cluster recorded in state_dir if every one of its processes still runs."""
@@ -139,7 +168,10 @@ class DevCluster:
         nodes: list[GpuNodeSpec] | None = None,
         addons: tuple[str, ...] = ALL_ADDONS,
         log: Callable[[str], None] = lambda m: print(m, file=sys.stderr),
+        audit_policy: str | None = None,
     ) -> DevCluster:
+        """`audit_policy`: an audit Policy (YAML text); the apiserver then writes its audit log to
+        `<state_dir>/logs/audit.log` (the scale bench counts the controller's requests there)."""
         state_dir = state_dir or default_state_dir()
         existing = cls.attach(state_dir)
         if existing is not None:
@@ -161,7 +193,7 @@ class DevCluster:
         cls._stop_recorded(state_dir)  # a half-dead previous cluster: clear it first
         if state_dir.exists():
             shutil.rmtree(state_dir)
-        starter = _Starter(state_dir, tools, nodes or default_nodes(), tuple(addons), log)
+        starter = _Starter(state_dir, tools, nodes or default_nodes(), tuple(addons), log, audit_policy)
         try:
             state = starter.run()
         except BaseException:
@@ -191,6 +223,20 @@ class DevCluster:
         return stopped
 
 
+def merge_overrides(base: Mapping[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
+    """`base` with `overrides` applied: nested mappings merge, None removes the key, anything else
+    replaces it (a list is replaced whole)."""
+    out = dict(base)
+    for key, value in overrides.items():
+        if value is None:
+            out.pop(key, None)
+        elif isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
+            out[key] = merge_overrides(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
 def down(state_dir: Path | None = None) -> list[str]:
     """Stop every process recorded in state_dir; returns their names. Safe when nothing runs."""
     return DevCluster._stop_recorded(state_dir or default_state_dir())
@@ -209,8 +255,10 @@ class _Starter:
         nodes: list[GpuNodeSpec],
         addons: tuple[str, ...],
         log: Callable[[str], None],
+        audit_policy: str | None = None,
     ) -> None:
         self.dir = state_dir
+        self.audit_policy = audit_policy
         self.tools = tools
         self.nodes = nodes
         self.addons = addons
@@ -371,6 +419,19 @@ class _Starter:
         )
         self._mark("etcd")
 
+    def _audit_flags(self) -> list[str]:
+        if self.audit_policy is None:
+            return []
+        policy = self.dir / "audit-policy.yaml"
+        policy.write_text(self.audit_policy)
+        return [
+            f"--audit-policy-file={policy}",
+            f"--audit-log-path={self.logs / 'audit.log'}",
+            "--audit-log-format=json",
+            "--audit-log-mode=blocking",  # every event is on disk when its request returns
+            "--audit-log-maxsize=100000",  # MB; rotated parts (0 means 100 MB) are read too
+        ]
+
     def _apiserver(self) -> None:
         pki = self.pki.dir
         port = self.ports["apiserver"]
@@ -397,6 +458,7 @@ class _Starter:
                 "--allow-privileged=true",
                 "--profiling=false",
                 "--v=1",
+                *self._audit_flags(),
             ],
         )
         procs.wait_for("kube-apiserver /readyz", lambda: self._https_ok(port, "/readyz"), 120, rec)

@@ -14,18 +14,22 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import httpx
+import orjson
 import yaml
 
+from ghostgpu.controller.app import CONTROLLER_USER_AGENT
 from ghostgpu.devcluster import procs
 from ghostgpu.devcluster.cluster import DevCluster
 from ghostgpu.devcluster.nodes import GpuNodeSpec
 from ghostgpu.devcluster.paths import REPO_ROOT
 from ghostgpu.scale.exporter import start_metrics
-from ghostgpu.scale.fleet import FleetSpec, KubeHTTP, ensure_base, grow_pods
+from ghostgpu.scale.fleet import GPUS_PER_NODE, FleetSpec, KubeHTTP, ensure_base, grow_pods
+from ghostgpu.signals.utilization import PodKey, QuerySpec, build_query
 
 Log = Callable[[str], None]
 
@@ -58,10 +62,22 @@ class SizeResult:
     warmup: list[dict[str, Any]] = field(default_factory=list)  # the controller's first polls
     states: dict[str, int] = field(default_factory=dict)
     server_side: dict[str, float] = field(default_factory=dict)
+    # The floor of one poll, measured in the same run on the same machine (floor_of_poll): CPU
+    # seconds to parse the one Prometheus answer for all N pods and map each sample to its pod.
+    floor_s: float | None = None
+    # The first-verdict poll (poll K) against the apiserver budget, client and server side.
+    first_verdict: dict[str, Any] = field(default_factory=dict)
+    budget: dict[str, Any] = field(default_factory=dict)
     # Every poll of the controller as the probe measured it, and its start-up (cache sync) figures:
     # the raw rows behind the medians, kept in --json-out so the docs cite the command's output.
     polls: list[dict[str, Any]] = field(default_factory=list)
     startup: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def floor_ratio(self) -> float | None:
+        """The controller's steady CPU per poll-to-poll cycle as a multiple of the floor."""
+        cycle = self.ghostgpu.cycle_cpu_s
+        return cycle / self.floor_s if cycle is not None and self.floor_s else None
 
     def ratio(self, attr: str) -> float | None:
         mine, theirs = getattr(self.ghostgpu, attr), getattr(self.naive, attr)
@@ -70,8 +86,8 @@ class SizeResult:
 
 @dataclass
 class BenchConfig:
-    sizes: Sequence[int] = (100, 1000, 10000)
-    nodes: int = 1250
+    sizes: Sequence[int] = (100, 1000, 10000, 50000)
+    nodes: int = 0  # 0: enough 8-GPU nodes for the largest fleet (6,250 for 50,000 pods)
     idle_fraction: float = 0.02
     window: int = 5
     steady_polls: int = 3
@@ -79,6 +95,95 @@ class BenchConfig:
     naive_sample: int = 1000
     state_dir: Path = Path("/tmp/ghostgpu-scale")
     keep_cluster: bool = False
+    # The controller's apiserver budget (controller.apiserver; the bench keeps the defaults).
+    qps: float = 20.0
+    burst: int = 30
+
+    def __post_init__(self) -> None:
+        if not self.nodes:
+            self.nodes = max(1, -(-max(self.sizes) // GPUS_PER_NODE))
+
+
+# Writes and exec at Metadata level, nothing else: what the controller's budget governs.
+AUDIT_POLICY = """apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: [RequestReceived]
+rules:
+  - level: Metadata
+    resources: [{group: "", resources: [pods/exec]}]
+  - level: None
+    verbs: [get, list, watch]
+  - level: Metadata
+"""
+
+
+def floor_of_poll(body: bytes, pods: Sequence[tuple[str, str]], *, repeat: int = 5) -> float:
+    """The least a poll can do: parse the one Prometheus answer for all N pods (orjson) and map
+    each sample to its pod. CPU seconds of this thread, best of `repeat`."""
+    best = float("inf")
+    for _ in range(repeat):
+        t0 = time.thread_time()
+        by_pod: dict[tuple[str, str], list[float]] = {p: [] for p in pods}
+        for item in orjson.loads(body)["data"]["result"]:
+            m = item["metric"]
+            values = by_pod.get((m.get("namespace", ""), m.get("pod", "")))
+            if values is not None:
+                values.append(float(item["value"][1]))
+        best = min(best, time.thread_time() - t0)
+        del by_pod
+    return best
+
+
+def audit_requests(path: Path, t0: float, t1: float) -> dict[str, list[float]]:
+    """Receive times (epoch s) of the audited requests (writes and exec) between t0 and t1, by
+    user agent, each request once (a long-running exec has two audit events). Lease writes are
+    kept apart (`<agent> leases`): leader election is outside the budget by design."""
+    out: dict[str, list[float]] = {}
+    seen: set[str] = set()
+    # the file and any rotated parts (audit-<time>.log) beside it
+    for part in sorted(path.parent.glob(f"{path.stem}*{path.suffix}")):
+        _read_audit(part, t0, t1, seen, out)
+    return out
+
+
+def _read_audit(path: Path, t0: float, t1: float, seen: set[str], out: dict[str, list[float]]) -> None:
+    with path.open("rb") as f:
+        for line in f:
+            ev = orjson.loads(line)
+            if ev.get("auditID") in seen:
+                continue
+            seen.add(ev.get("auditID"))
+            ts = datetime.fromisoformat(ev["requestReceivedTimestamp"].replace("Z", "+00:00")).timestamp()
+            if t0 <= ts <= t1:
+                agent = str(ev.get("userAgent", ""))
+                if (ev.get("objectRef") or {}).get("resource") == "leases":
+                    agent += " leases"
+                out.setdefault(agent, []).append(ts)
+
+
+def budget_check(times: Sequence[float], qps: float) -> dict[str, float]:
+    """How close a request stream came to a token bucket: `peak_burst` is the largest
+    count(i..j) - qps * (t_j - t_i) over all runs i..j (at most `burst` when the budget held; the
+    server's receive times add network jitter), `max_per_s` the most requests in any 1 s."""
+    ts = sorted(times)
+    peak = 0.0
+    best = float("-inf")  # max over i <= j of qps * t_i - i
+    lo = 0
+    max_per_s = 0
+    for j, t in enumerate(ts):
+        best = max(best, qps * t - j)
+        peak = max(peak, (j + 1) - qps * t + best)
+        while t - ts[lo] >= 1.0:
+            lo += 1
+        max_per_s = max(max_per_s, j - lo + 1)
+    span = ts[-1] - ts[0] if ts else 0.0
+    return {
+        "requests": len(ts),
+        "span_s": round(span, 3),
+        "peak_burst": round(peak, 2),
+        "max_per_s": max_per_s,
+        "mean_per_s": round(len(ts) / span, 2) if span else float(len(ts)),
+    }
 
 
 def controller_config(prom_url: str, window: int) -> dict[str, Any]:
@@ -151,6 +256,8 @@ POLL_KEYS = (
     "prometheus_queries",
     "apiserver_requests",
     "exec_calls",
+    "lease_requests",
+    "budgeted_requests",
     "states",
 )
 
@@ -213,7 +320,13 @@ async def _bench(cfg: BenchConfig, log: Log) -> list[SizeResult]:
     state = cfg.state_dir
     state.mkdir(parents=True, exist_ok=True)
     spec = FleetSpec(nodes=cfg.nodes, idle_fraction=cfg.idle_fraction)
-    cluster = DevCluster.up(state / "cluster", nodes=[GpuNodeSpec(name="cpu-0", gpus=0)], addons=(), log=log)
+    cluster = DevCluster.up(
+        state / "cluster",
+        nodes=[GpuNodeSpec(name="cpu-0", gpus=0)],
+        addons=(),
+        log=log,
+        audit_policy=AUDIT_POLICY,
+    )
     fleet_file = state / "fleet.json"
     fleet_file.write_text("[]")
     metric_procs, exporter_url, prom_url = start_metrics(state, fleet_file)
@@ -238,7 +351,10 @@ async def _bench(cfg: BenchConfig, log: Log) -> list[SizeResult]:
             fleet_file.write_text(json.dumps(rows))
             httpx.post(f"{exporter_url}/reload", timeout=120).raise_for_status()
             _wait_series(prom_url, n, log)
-            results.append(await _measure(cfg, spec, n, cluster, kube, prom_url, log))
+            res = await _measure(cfg, spec, n, cluster, kube, prom_url, log)
+            res.floor_s = await asyncio.to_thread(_floor, cfg, spec, n, prom_url)
+            log(f"[bench] N={n}: floor of one poll {res.floor_s:.4f} s CPU")
+            results.append(res)
             log(f"[bench] N={n}: {json.dumps(asdict(results[-1]))}")
     finally:
         await kube.aclose()
@@ -247,6 +363,20 @@ async def _bench(cfg: BenchConfig, log: Log) -> list[SizeResult]:
         if not cfg.keep_cluster:
             cluster.down()
     return results
+
+
+def _floor(cfg: BenchConfig, spec: FleetSpec, n: int, prom_url: str) -> float:
+    """The controller's own query (build_query over the N tracked pods), answered by the same
+    Prometheus; the floor is parsing and mapping that answer."""
+    from ghostgpu.config import ControllerConfig
+
+    controller = ControllerConfig.model_validate(controller_config(prom_url, cfg.window)["controller"])
+    qspec = QuerySpec.from_preset(controller.metrics.active, max_sample_age=controller.stale_after.seconds)
+    pods = [PodKey(spec.namespace(i), spec.pod(i)) for i in range(n)]
+    body = httpx.post(
+        f"{prom_url}/api/v1/query", data={"query": build_query(qspec, pods)}, timeout=120
+    ).content
+    return round(floor_of_poll(body, pods), 5)
 
 
 async def _measure(
@@ -265,10 +395,29 @@ async def _measure(
     argv += [f"--kubeconfig={cluster.kubeconfig}", f"--polls={polls}", f"--out={out}"]
     argv += [f"--prom-port={prom_port}", f"--port={procs.free_port()}"]
     argv += [f"--decision-log={state / f'decisions-{n}.jsonl'}"]
+    t0 = time.time()
     await asyncio.to_thread(_run, argv, state / "probe.log", 3600)
+    t1 = time.time()
     q1, e1 = _prom_counter(prom_url, "/api/v1/query"), await _apiserver_exec_total(kube)
     crows = _rows(out)
     mine, warm = summarise_controller(crows, cfg.window)
+    first = crows[cfg.window - 1] if len(crows) >= cfg.window else {}
+    first_verdict = {
+        "poll": first.get("poll"),
+        "wall_s": first.get("wall_s"),
+        "apiserver_requests": first.get("apiserver_requests"),
+        "budgeted_requests": first.get("budgeted_requests"),
+        # the least time those requests take at the budget's rate once the burst is spent
+        "seconds_at_budget": round(max(0, (first.get("budgeted_requests") or 0) - cfg.burst) / cfg.qps, 2),
+    }
+    by_agent = audit_requests(Path(cluster.state_dir) / "logs" / "audit.log", t0, t1)
+    budget = {
+        "qps": cfg.qps,
+        "burst": cfg.burst,
+        "window": [round(t0, 3), round(t1, 3)],
+        "audited_by_user_agent": {ua: len(ts) for ua, ts in sorted(by_agent.items())},
+        "controller": budget_check(by_agent.get(CONTROLLER_USER_AGENT, []), cfg.qps),
+    }
     # Clear the controller's verdict annotations? No: the baseline does not read them.
     nout = state / f"naive-{n}.jsonl"
     nout.unlink(missing_ok=True)
@@ -292,6 +441,8 @@ async def _measure(
         states=crows[-1]["states"],
         polls=poll_rows(crows),
         startup=json.loads(out.with_suffix(".startup.json").read_text()),
+        first_verdict=first_verdict,
+        budget=budget,
         server_side={
             "controller_prometheus_queries_total": q1 - q0,
             "controller_exec_total": e1 - e0,

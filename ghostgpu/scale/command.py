@@ -7,7 +7,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from ghostgpu.scale.bench import BenchConfig, from_json, run_scale, to_json
-from ghostgpu.scale.report import markdown, plot, targets, warmup_markdown
+from ghostgpu.scale.report import budget_markdown, floor_markdown, markdown, plot, targets, warmup_markdown
 
 
 def run_scale_command(
@@ -48,8 +48,19 @@ def run_scale_command(
     )
     echo(markdown(results))
     echo(
+        "Against the floor of one poll, measured in the same run (parse the one Prometheus answer "
+        "for all N pods with orjson and map each sample to its pod; CPU seconds):\n"
+    )
+    echo(floor_markdown(results))
+    echo(
+        "The first-verdict poll against the apiserver budget (budgeted: writes and exec; the audit "
+        "columns are the apiserver's own log of the controller's writes and exec over its whole run):\n"
+    )
+    echo(budget_markdown(results))
+    echo(
         "Warm-up polls (polls 1..K-1 fill the windows and write nothing; poll K records the first "
-        "verdicts: a dry-run, the write and an Event per new workload):\n"
+        "verdicts that are findings: a dry-run, the write and Events per workload; a first ACTIVE "
+        "verdict is not written):\n"
     )
     echo(warmup_markdown(results))
     ok = True

@@ -185,7 +185,13 @@ async def ensure_base(kube: KubeHTTP, spec: FleetSpec, table: Path, log: Any = p
     await kube.create("/apis/kwok.x-k8s.io/v1alpha1/clusterexecs", cluster_exec_body(spec, table))
     n = await kube.create_all(("/api/v1/nodes", node_body(spec, j)) for j in range(spec.nodes))
     log(f"[fleet] {n} kwok GPU nodes created")
-    await wait_for(lambda: _ready_nodes(kube), spec.nodes, what="kwok GPU nodes Ready", timeout=600, log=log)
+    await wait_for(
+        lambda: _ready_nodes(kube),
+        spec.nodes,
+        what="kwok GPU nodes Ready with an address",
+        timeout=600,
+        log=log,
+    )
     # Pods need the namespace's default ServiceAccount (the controller-manager creates it).
     await wait_for(
         lambda: _service_accounts(kube, nss), len(nss), what="default ServiceAccounts", timeout=120, log=log
@@ -193,11 +199,15 @@ async def ensure_base(kube: KubeHTTP, spec: FleetSpec, table: Path, log: Any = p
 
 
 async def _ready_nodes(kube: KubeHTTP) -> int:
+    """Nodes Ready *and* with an address: kwok under load (6,250 nodes) marks some Ready before it
+    fills `status.addresses`, and the apiserver cannot route an exec to such a node ("no preferred
+    addresses found"): the idle pods on it would read as exec errors (UNKNOWN)."""
     nodes = await kube.list_all("/api/v1/nodes", {"labelSelector": f"{FLEET_LABEL}=true"})
     return sum(
         1
         for n in nodes
-        if any(
+        if (n.get("status") or {}).get("addresses")
+        and any(
             c.get("type") == "Ready" and c.get("status") == "True"
             for c in (n.get("status") or {}).get("conditions") or []
         )

@@ -8,6 +8,7 @@ so that a regex over hundreds of pod names never hits URL length limits.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,12 +35,9 @@ class VectorSample:
     value: float
 
 
-def parse_vector(body: Any) -> tuple[float | None, list[VectorSample]]:
-    """Parse an instant-query response body into samples.
-
-    Returns (evaluation time if any sample carries one, samples). Raises PrometheusError with
-    PARSE_ERROR for anything that is not a well-formed vector result, HTTP_ERROR for `status: error`.
-    """
+def vector_result(body: Any) -> list[Any]:
+    """The `data.result` list of an instant-query answer, its envelope checked (the items are not:
+    see parse_vector and iter_vector). Raises PrometheusError like parse_vector."""
     if not isinstance(body, dict):
         raise PrometheusError(FailureReason.PARSE_ERROR, "response is not a JSON object")
     if body.get("status") != "success":
@@ -51,6 +49,35 @@ def parse_vector(body: Any) -> tuple[float | None, list[VectorSample]]:
     result = data.get("result")
     if not isinstance(result, list):
         raise PrometheusError(FailureReason.PARSE_ERROR, "data.result is not a list")
+    return result
+
+
+def iter_vector(result: list[Any]) -> Iterator[tuple[float, dict[str, str], float]]:
+    """(evaluation time, labels, value) per well-formed item, without building a VectorSample or
+    copying its labels: the answer of a poll holds a series per tracked pod and field (10⁵ at
+    50,000 pods), and this is the whole of what the controller needs from each. Same rules as
+    parse_vector: a malformed item fails the whole answer (PARSE_ERROR), NaN/Inf are dropped."""
+    isfinite = math.isfinite
+    for item in result:
+        try:
+            labels = item["metric"]
+            ts_raw, value_raw = item["value"]
+            ts, value = float(ts_raw), float(value_raw)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise PrometheusError(FailureReason.PARSE_ERROR, f"malformed sample {item!r:.120}") from exc
+        if type(labels) is not dict:
+            raise PrometheusError(FailureReason.PARSE_ERROR, "metric labels are not an object")
+        if isfinite(value):
+            yield ts, labels, value
+
+
+def parse_vector(body: Any) -> tuple[float | None, list[VectorSample]]:
+    """Parse an instant-query response body into samples.
+
+    Returns (evaluation time if any sample carries one, samples). Raises PrometheusError with
+    PARSE_ERROR for anything that is not a well-formed vector result, HTTP_ERROR for `status: error`.
+    """
+    result = vector_result(body)
     samples: list[VectorSample] = []
     eval_time: float | None = None
     for item in result:
@@ -94,6 +121,10 @@ class PrometheusClient:
 
     async def query(self, promql: str, *, at: float | None = None) -> tuple[float | None, list[VectorSample]]:
         """Run one instant query. Raises PrometheusError, never returns a partial answer."""
+        return parse_vector(await self.query_body(promql, at=at))
+
+    async def query_body(self, promql: str, *, at: float | None = None) -> Any:
+        """Run one instant query; the decoded JSON answer of a 200 (envelope not yet checked)."""
         form = {"query": promql}
         if at is not None:
             form["time"] = f"{at:.3f}"
@@ -115,4 +146,4 @@ class PrometheusClient:
             raise PrometheusError(FailureReason.HTTP_ERROR, f"HTTP {resp.status_code} {detail}".strip())
         if body is None:
             raise PrometheusError(FailureReason.PARSE_ERROR, "response body is not JSON")
-        return parse_vector(body)
+        return body

@@ -234,6 +234,7 @@ class TwoWorkloads(Scenario):
         "finished": (0.0, FINISHED, "FINISHED_IDLE"),
         "busy": (80.0, LIVE, "ACTIVE"),
     }
+    PLAIN_BUSY: ClassVar[frozenset[str]] = frozenset({"busy"})  # its verdict is not written
 
 
 @pytest.fixture

@@ -340,10 +340,16 @@ async def test_shadow_judges_records_and_touches_nothing(tmp_path: Path) -> None
     # fewer than K samples: nobody is judged yet, busy or not, and a warm-up writes nothing
     assert {h.verdict(n) for n in ("busy", "done", "broken")} == {None}
     assert h.cluster.patches == [] and h.cluster.events == []
-    await h.polls(2)
+    result = await h.polls(2)
     assert h.verdict("done") == "FINISHED_IDLE" and h.verdict("crashed") == "ZOMBIE_CRASHED"
-    assert h.verdict("busy") == "ACTIVE"
-    assert h.verdict("gap") == "ACTIVE" and h.verdict("broken") == "UNKNOWN"
+    assert h.verdict("broken") == "UNKNOWN"
+    # A first plain ACTIVE verdict (busy) is judged but not written: no annotation, no Event, no
+    # request. An ACTIVE that says more (a batch gap: zero utilization, live work) is written.
+    judged = {r.name: j.verdict.kind.value for r, j in result.judged.items()}
+    assert judged["busy"] == judged["gap"] == "ACTIVE"
+    assert h.verdict("busy") is None and h.verdict("gap") == "ACTIVE"
+    assert not [n for n, _ in h.cluster.events if n == "busy"]
+    assert not [r for r, _, _ in h.cluster.patches if r.name == "busy"]
     assert h.cluster.scaled == [] and h.cluster.evicted == []
     assert all(
         k in ("ghostgpu.io/verdict", "ghostgpu.io/evidence") for _, ann, _ in h.cluster.patches for k in ann
@@ -508,8 +514,9 @@ async def test_artifact_growth_keeps_it_alive_and_failure_is_unknown(tmp_path: P
         return Measurement(next(sizes) * 1024, False)
 
     h.rec.files.measure = measure  # type: ignore[method-assign]
-    await h.polls(3)
-    assert h.verdict("writer") == "ACTIVE"  # 100 KiB -> 300 KiB inside the window
+    result = await h.polls(3)
+    # 100 KiB -> 300 KiB inside the window (a first ACTIVE verdict is not written)
+    assert result.judged[WorkloadRef("Deployment", NS, "writer")].verdict.kind.value == "ACTIVE"
     assert h.verdict("bad-uri") == "UNKNOWN"
     await h.polls(3)
     assert h.verdict("writer") == "FINISHED_IDLE"
@@ -902,7 +909,7 @@ async def test_a_restart_keeps_the_recorded_verdicts_through_its_warm_up(tmp_pat
 
 async def test_progress_moves_with_each_workload_written(tmp_path: Path) -> None:
     h = Harness(tmp_path)
-    h.add("busy", util=80.0)
+    h.add("broken", util=SignalFailure(reason=FailureReason.HTTP_ERROR))
     h.add("done", table=FINISHED)
     seen: list[float | None] = []
     original = h.rec.apply
@@ -926,7 +933,7 @@ async def test_verdict_writes_overlap_but_stay_bounded_and_ordered_per_workload(
     h = Harness(tmp_path)
     names = [f"w{i:02d}" for i in range(3 * WRITE_CONCURRENCY)]
     for name in names:
-        h.add(name, util=50.0)
+        h.add(name, util=SignalFailure(reason=FailureReason.HTTP_ERROR))  # UNKNOWN: recorded
     in_flight, peak, order = 0, 0, []
     patch, event = h.cluster.patch_annotations, h.cluster.event
 
@@ -946,7 +953,7 @@ async def test_verdict_writes_overlap_but_stay_bounded_and_ordered_per_workload(
     h.cluster.patch_annotations = slow_patch  # type: ignore[method-assign]
     h.cluster.event = logged_event  # type: ignore[method-assign]
     await h.polls(3)  # K = 3: every workload's first verdict
-    assert {h.verdict(n) for n in names} == {"ACTIVE"}
+    assert {h.verdict(n) for n in names} == {"UNKNOWN"}
     assert 1 < peak <= WRITE_CONCURRENCY
     for name in names:
         assert order.index(("patch", name)) < order.index(("event", name))

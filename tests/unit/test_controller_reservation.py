@@ -13,6 +13,7 @@ import pytest
 import yaml
 from hypothesis import given
 from hypothesis import strategies as st
+from prometheus_client import CollectorRegistry
 
 from ghostgpu.config import ControllerConfig, load_default_config
 from ghostgpu.controller.accounting import FlavorSpec
@@ -23,7 +24,10 @@ from ghostgpu.controller.reservation import (
     RESERVATION_LABEL,
     Placeholder,
     Reservation,
+    ReservationMetrics,
     Reservations,
+    admitted_by_flavor,
+    borrowed_reservations,
     cq_flavors,
     desired_reservations,
     placeholder_name,
@@ -462,3 +466,105 @@ def test_rbac_for_placeholders_is_rendered_only_when_the_reservation_is_on(mode:
 def test_the_default_is_off() -> None:
     assert ControllerConfig().reservation == "off"
     assert load_default_config().controller.reservation == "off"
+
+
+# ----- evicted placeholders (preempted by a cohort reclaim or fair sharing, PodsReady timeout) -----
+
+
+def evicted_obj(
+    r: Reservation, reason: str = "Preempted", preempted: str = "InCohortReclamation", uid: str = "u1"
+) -> dict[str, Any]:
+    """A placeholder as Kueue leaves it after evicting it: Evicted=True, the quota still reserved
+    (an owner-less Workload has no job controller to stop it and clear the admission)."""
+    obj = obj_of(r)
+    obj["metadata"]["uid"] = uid
+    obj["status"]["conditions"] += [
+        {"type": "QuotaReserved", "status": "True"},
+        {"type": "PodsReady", "status": "True"},
+        {"type": "Evicted", "status": "True", "reason": reason, "message": "to accommodate a workload"},
+    ]
+    if preempted:
+        obj["status"]["conditions"].append(
+            {"type": "Preempted", "status": "True", "reason": preempted, "message": "due to reclamation"}
+        )
+    return obj
+
+
+def test_an_evicted_placeholder_is_read_as_evicted_with_the_preemptions_kind() -> None:
+    p = Placeholder.from_object(evicted_obj(res()))
+    assert (p.evicted, p.preempted, p.eviction_reason, p.uid) == (
+        "Preempted", "InCohortReclamation", "InCohortReclamation", "u1"
+    )  # fmt: skip
+    assert "accommodate" in p.eviction_message
+    timeout = Placeholder.from_object(evicted_obj(res(), reason="PodsReadyTimeout", preempted=""))
+    assert timeout.eviction_reason == "PodsReadyTimeout"
+    deactivated = obj_of(res())
+    deactivated["spec"]["active"] = False
+    assert Placeholder.from_object(deactivated).evicted == "Deactivated"
+    assert Placeholder.from_object(obj_of(res())).evicted == ""
+    # An evicted placeholder reserves nothing any more: it is not counted as reserved.
+    assert admitted_by_flavor([p]) == {}
+
+
+def test_an_evicted_placeholder_still_wanted_is_replaced_and_one_nobody_wants_is_just_deleted() -> None:
+    kept, gone = res(), res("deployment/gone", 2)
+    ev_kept = Placeholder.from_object(evicted_obj(kept))
+    ev_gone = Placeholder.from_object(evicted_obj(gone, uid="u2"))
+    ch = plan_changes([kept], [ev_kept, ev_gone])
+    assert ch.evicted == [ev_kept] and ch.delete == [ev_gone]
+    assert ch.create == [] and ch.mark_ready == []  # never marked ready: it is going
+    # Being deleted: left alone (no second delete, no create under the name still taken).
+    going = evicted_obj(kept)
+    going["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    ch = plan_changes([kept], [Placeholder.from_object(going)])
+    assert (ch.create, ch.delete, ch.evicted, ch.mark_ready) == ([], [], [], [])
+    # Once it is gone, the next poll creates it again.
+    assert plan_changes([kept], []).create == [kept]
+
+
+def test_an_eviction_is_announced_counted_once_and_the_placeholder_deleted() -> None:
+    api = FakeApi([evicted_obj(res())])
+    events: list[tuple[str, str, str, str]] = []
+
+    async def event(involved: Any, *, reason: str, message: str, type_: str = "Normal") -> None:
+        events.append((involved["metadata"]["uid"], reason, type_, message))
+
+    r = Reservations(api, mode="enforce", local_queue="default", emit_event=event)
+    lqs = [lq("ns-a", "jobs", "cq-vision")]
+    first = asyncio.run(r.reconcile([res()], [H100], leader=True, local_queues=lqs, now="T"))
+    assert api.writes() == [("DELETE", f"workloads/{res().name}")]
+    assert [(p.uid, p.eviction_reason, p.cluster_queue) for p in first.evicted] == [
+        ("u1", "InCohortReclamation", "cq-vision")
+    ]
+    [(uid, reason, type_, message)] = events
+    assert (uid, reason, type_) == ("u1", "ReservationEvicted", "Warning")
+    assert "4 nvidia.com/gpu held outside Kueue by deployment/x: InCohortReclamation" in message
+    # The delete did not go through yet (the same object is listed again): deleted again, not counted again.
+    again = asyncio.run(r.reconcile([res()], [H100], leader=True, local_queues=lqs, now="T"))
+    assert again.evicted == [] and len(events) == 1
+    assert api.writes()[-1] == ("DELETE", f"workloads/{res().name}")
+    metrics = ReservationMetrics(CollectorRegistry())
+    metrics.set(first)
+    metrics.set(again)
+    assert metrics.evictions.labels("cq-vision", "InCohortReclamation")._value.get() == 1
+
+
+def test_the_borrowed_part_of_a_reservation_is_at_most_what_its_cluster_queue_borrows() -> None:
+    def cq_status(name: str, flavor: str, **borrowed: str) -> dict[str, Any]:
+        return {"metadata": {"name": name}, "status": {"flavorsUsage": [{"name": flavor, "resources": [
+            {"name": r.replace("_", "/").replace("nvidia/com", "nvidia.com"), "total": "9", "borrowed": v}
+            for r, v in borrowed.items()]}]}}  # fmt: skip
+
+    cqs = [
+        cq_status("cq-a", "h100", nvidia_com_gpu="2", cpu="4"),  # borrows 2 GPUs (and CPUs: not ours)
+        cq_status("cq-b", "h100", nvidia_com_gpu="8"),  # borrows more than its reservation
+        cq_status("cq-c", "h100", nvidia_com_gpu="0"),
+        cq_status("cq-d", "h100", nvidia_com_gpu="1500m"),
+    ]
+    admitted = {("cq-a", "h100"): 6, ("cq-b", "h100"): 3, ("cq-c", "h100"): 4, ("cq-d", "h100"): 4}
+    assert borrowed_reservations(admitted, cqs, {"h100": "nvidia.com/gpu"}) == {
+        ("cq-a", "h100"): 2,
+        ("cq-b", "h100"): 3,
+        ("cq-d", "h100"): 2,
+    }
+    assert borrowed_reservations({}, cqs, {"h100": "nvidia.com/gpu"}) == {}

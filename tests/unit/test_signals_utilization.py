@@ -96,11 +96,14 @@ async def poll(url: str, pods: list[PodKey], *, timeout: float = 2.0, spec: Quer
 # --- query building -------------------------------------------------------------------------------
 
 
-def test_query_is_one_expression_for_all_pods_with_escaped_names() -> None:
+def test_query_is_one_expression_that_does_not_grow_with_the_pods() -> None:
     q = build_query(SPEC, [A, B, C])
     assert q.count("DCGM_FI_DEV_GPU_UTIL{") == 2  # value + timestamp over the same selector
-    assert 'pod=~"notebook-7f9c|serve\\\\.v2-0|train-0"' in q
+    # namespaces are named (escaped), pods are not: the query does not grow with the fleet
+    assert 'pod=~".+"' in q and "notebook-7f9c" not in q
     assert 'namespace=~"team-a|team-b"' in q
+    many = [PodKey(f"team-{i % 3}", f"pod-{i}") for i in range(5000)]
+    assert len(build_query(SPEC, many)) == len(build_query(SPEC, many[:3])) < 1500
     assert "DCGM_FI_DEV_XID_ERRORS{" in q and "> 0" in q
     # util, ts, fb (framebuffer in bytes: dcgm-exporter reports MiB) and xid in one expression
     assert q.count(" or ") == 3
@@ -115,10 +118,10 @@ def test_query_uses_label_mapping_and_scale() -> None:
         | {"namespace_label": "exported_namespace", "pod_label": "exported_pod", "utilization_scale": 100.0}
     )
     q = build_query(QuerySpec.from_preset(exported, max_sample_age=60), [A])
-    assert 'exported_pod=~"train-0"' in q and 'exported_namespace=~"team-a"' in q
+    assert 'exported_pod=~".+"' in q and 'exported_namespace=~"team-a"' in q
     assert "max by (exported_namespace, exported_pod)" in q and "* 100" in q
     hami = build_query(QuerySpec.from_preset(MetricsConfig().hami, max_sample_age=60), [A])
-    assert "Device_utilization_desc_of_container{" in hami and 'podname=~"train-0"' in hami
+    assert "Device_utilization_desc_of_container{" in hami and 'podname=~".+"' in hami
 
 
 async def test_exported_labels_and_hami_xid_labels_map_back_to_pods(prom: tuple[str, Canned]) -> None:
@@ -300,6 +303,18 @@ def test_parse_vector_rejects_matrix_and_malformed_samples() -> None:
         parse_vector(success({"metric": {}, "value": [NOW]}))
     with pytest.raises(PrometheusError):
         parse_vector(success({"metric": {}, "value": [NOW, "abc"]}))
+
+
+async def test_a_malformed_item_fails_the_whole_answer_in_the_poll(prom: tuple[str, Canned]) -> None:
+    url, canned = prom
+    canned.body = success(
+        series("util", "team-a", "train-0", 87.0),
+        series("ts", "team-a", "train-0", NOW),
+        {"metric": ["not", "labels"], "value": [NOW, "1"]},
+    )
+    out = await poll(url, [A])
+    assert isinstance(out[A].utilization, SignalFailure)
+    assert out[A].utilization.reason is FailureReason.PARSE_ERROR
 
 
 async def test_invalid_pod_name_fails_only_that_pod(prom: tuple[str, Canned]) -> None:

@@ -180,3 +180,33 @@ def test_verdict_is_deterministic_and_failures_in_the_window_are_never_reclaimed
         assert not LIVE_WORK & set(roles), "only wrappers, holders and defunct processes may remain"
         assert not (isinstance(evidence.artifacts, ArtifactSizes) and evidence.artifacts.changed)
     assert v.reasons, "every verdict carries reasons"
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    evidence=st.builds(
+        Evidence,
+        utilization=samples,
+        processes=st.one_of(st.none(), failures, st.lists(any_procs, max_size=4).map(tuple)),
+        artifacts=artifacts,
+        faults=faults,
+    ),
+    policy=policies(list(Rule)),
+)
+def test_window_verdict_is_decides_answer_whenever_it_gives_one(
+    evidence: Evidence, policy: VerdictPolicy
+) -> None:
+    """The controller skips assembling the evidence of workloads whose window settles the
+    verdict (window_verdict): it must be exactly decide()'s verdict, whatever the other signals."""
+    from ghostgpu.verdict import window_verdict
+
+    settled = window_verdict(evidence.utilization, policy)
+    full = decide(evidence, policy)
+    window = evidence.utilization[-policy.effective_window :]
+    all_zero = len(evidence.utilization) >= policy.effective_window and all(
+        not isinstance(s, SignalFailure) and s <= policy.zero_threshold for s in window
+    )
+    if all_zero:
+        assert settled is None  # only the whole evidence can tell
+    else:
+        assert settled == full and settled.model_dump() == full.model_dump()
