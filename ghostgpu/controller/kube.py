@@ -366,6 +366,8 @@ class Cluster:
         except ServerError as exc:
             if resource_version and status_of(exc) == 409:
                 raise Conflict(str(ref)) from exc
+            if status_of(exc) == 404:
+                raise NotFound(str(ref)) from exc
             raise
 
     # --- ConfigMaps in the controller's namespace (the replica ledger, see ledger.py) ---------

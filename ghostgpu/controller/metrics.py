@@ -49,7 +49,8 @@ class ControllerMetrics:
         )
         self.gpu_hours_recovered = Counter(
             "ghostgpu_gpu_hours_recovered_total",
-            "GPU-hours freed by reclaimed workloads (accrued every poll while they stay reclaimed).",
+            "GPU-hours freed by reclaimed workloads, managers stopped through their own API included "
+            "(accrued every poll while the reclaim holds).",
             ["namespace", "flavor"],
             registry=r,
         )

@@ -668,12 +668,13 @@ class Reconciler:
         held = await self._before_stop(wl, fresh, verdict)  # revert mark, GitOps pre-flight
         if held is not None:
             return held
+        at = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         try:
-            await self.cluster.patch_annotations(
+            recorded = await self.cluster.patch_annotations(
                 ref,
                 {
                     keys.RECLAIMED_FROM: str(replicas),
-                    keys.RECLAIMED_AT: datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+                    keys.RECLAIMED_AT: at,
                     REVERT_MARK: None,  # a mark reached here only with a changed spec: stale
                 },
                 resource_version=meta.get("resourceVersion"),
@@ -698,8 +699,40 @@ class Reconciler:
                 return "conflict"  # the ledger entry stays; the next poll re-reads and rewrites it
             self.ledger_entries[ledger_key(ref)] = LedgerEntry(replicas, str(meta.get("uid", "")), "")
             return await self._reclaimed(fresh, ref, replicas, verdict, record="the replica ledger")
-        await self.cluster.scale(ref, 0)
+        # Precondition: the object as the record left it. A write in between (someone scaled it to
+        # 3 after we recorded 2) makes the scale a 409 instead of a stop whose record names the
+        # wrong count; the record then goes too, so record and stop land together or not at all.
+        rv = ((recorded or {}).get("metadata") or {}).get("resourceVersion")
+        try:
+            await self.cluster.scale(ref, 0, resource_version=rv)
+        except Conflict:
+            await self._unrecord(ref, str(replicas), at)
+            return "conflict"
+        except NotFound:
+            return "gone"  # deleted between the record and the scale: the record went with it
         return await self._reclaimed(fresh, ref, replicas, verdict, record=keys.RECLAIMED_FROM)
+
+    async def _unrecord(self, ref: WorkloadRef, record: str, at: str) -> None:
+        """Remove the record this process just wrote when its scale did not land: only if it is
+        still exactly ours and the workload still runs (at 0, a record is what restore needs).
+        If this fails too, the record stays and the revert guard treats it as a stop that never
+        landed (revert_guard.py); the next reclaim rewrites it from the current count."""
+        try:
+            obj = await self.cluster.get(ref)
+            meta = obj.get("metadata") or {}
+            ann = meta.get("annotations") or {}
+            ours = ann.get(keys.RECLAIMED_FROM) == record and ann.get(keys.RECLAIMED_AT) == at
+            if not ours or int((obj.get("spec") or {}).get("replicas", 1) or 0) == 0:
+                return
+            await self.cluster.patch_annotations(
+                ref,
+                {keys.RECLAIMED_FROM: None, keys.RECLAIMED_AT: None},
+                resource_version=meta.get("resourceVersion"),
+                current=obj,
+            )
+        except (Conflict, NotFound, AdmissionDenied) as exc:
+            log.info("record of a scale that did not land left in place", extra={"workload": str(ref),
+                     "error": type(exc).__name__})  # fmt: skip
 
     # --- GitOps pre-flight and revert guard hooks (gitops.py, revert_guard.py) -------------------
 
@@ -927,10 +960,30 @@ class Reconciler:
                     self.metrics.gpu_hours_reclaimable.labels(ref.namespace, flavor).inc(gpus * hours)
         self.metrics.set_ghosts(ghosts)
         for ref, wl in snap.workloads.items():
-            reclaimed_from = self.reclaimed_from(wl)
-            if reclaimed_from and wl.replicas == 0:
-                gpus = sum(wl.gpus_per_pod.values()) * reclaimed_from
+            pods = self.recovered_pods(wl)
+            if pods:
+                gpus = sum(wl.gpus_per_pod.values()) * pods
                 self.metrics.gpu_hours_recovered.labels(ref.namespace, "all").inc(gpus * hours)
+
+    def recovered_pods(self, wl: Workload) -> int | None:
+        """How many pods' GPUs a reclaim of `wl` holds free now (None: not reclaimed, or undone).
+        Scaled to 0: its recorded replica count. A manager stopped through an annotation or a field
+        (a suspended RayCluster, a stopped Notebook or InferenceService, a NIMService at 0): while
+        the stop holds, its replica count before the stop (the record's, when the stop wrote the
+        replica count itself), else its pod templates' replicas (1 without a count)."""
+        reclaimed_from = self.reclaimed_from(wl)
+        if reclaimed_from is not None:
+            return reclaimed_from if wl.replicas == 0 else None
+        raw = wl.annotations.get(RECLAIMED_FROM_RECORD)
+        a = self.actuators.get(wl.ref.kind) if wl.ref.kind not in ("Deployment", "StatefulSet") else None
+        if raw is None or a is None or a.stop == "scale" or not a.is_stopped(wl.raw):
+            return None
+        try:
+            record = json.loads(raw)
+        except ValueError:
+            return None
+        before = record.get(a.replicas) if isinstance(record, dict) and a.replicas else None
+        return int(before) if isinstance(before, int | float) else wl.replicas
 
 
 def _recorded(wl: Workload, pods: Sequence[PodView] = ()) -> Mapping[str, str]:

@@ -182,7 +182,7 @@ class DevCluster:
             raise ValueError(f"unknown addon(s) {sorted(unknown)}; expected some of {list(ALL_ADDONS)}")
         tools = Toolchain.locate()
         needed = ["etcd", "kube_apiserver", "kube_controller_manager", "kube_scheduler", "kwok"]
-        needed += ["monitoring_crd_dir", "argocd_crd_dir", "flux_crd_dir"]
+        needed += ["monitoring_crd_dir", "argocd_crd_dir", "flux_crd_dir", "owner_crd_dir"]
         needed += ["kueue"] if "kueue" in addons else []
         needed += ["kyverno_admission", "kyverno_background"] if "kyverno" in addons else []
         needed += ["prometheus"] if "prometheus" in addons else []
@@ -472,6 +472,10 @@ class _Starter:
         crds += load_yaml_docs(sorted(self.tools.argocd_crd_dir.glob("*.yaml")))
         # Flux's Kustomization: the controller's GitOps pre-flight reads one (no Flux controller runs).
         crds += load_yaml_docs(sorted(self.tools.flux_crd_dir.glob("*.yaml")))
+        # LeaderWorkerSet, InferenceService, ScaledObject (no controller runs): every actuator's stop
+        # and restore is written against the real schema; installed before Kyverno starts, so the
+        # tracking policy's rules for these kinds are admitted at once.
+        crds += load_yaml_docs(sorted(self.tools.owner_crd_dir.glob("*.yaml")))
         ca = self.pki.pem
         if "kueue" in self.addons:
             crds += components.kueue_crds(

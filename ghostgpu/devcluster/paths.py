@@ -82,6 +82,7 @@ class Toolchain:
     monitoring_crd_dir: Path
     argocd_crd_dir: Path
     flux_crd_dir: Path
+    owner_crd_dir: Path
     versions: dict[str, str]
     kueue_version: str
 
@@ -113,6 +114,9 @@ class Toolchain:
             monitoring_crd_dir=r / f"monitoring-crds-{v['PROMETHEUS_OPERATOR_VERSION']}" / "crds",
             argocd_crd_dir=r / f"argocd-{v['ARGOCD_VERSION']}" / "crds",
             flux_crd_dir=r / f"flux-kustomize-{v['FLUX_KUSTOMIZE_VERSION']}" / "crds",
+            owner_crd_dir=r
+            / f"owner-crds-lws-{v['LWS_VERSION']}-kserve-{v['KSERVE_VERSION']}-keda-{v['KEDA_VERSION']}"
+            / "crds",
             versions=v,
             kueue_version=kv,
         )

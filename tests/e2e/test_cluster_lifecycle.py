@@ -14,7 +14,7 @@ from ghostgpu.devcluster.paths import Toolchain
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 
 CORE = ("etcd", "kube_apiserver", "kube_controller_manager", "kube_scheduler", "kwok")
-CORE += ("monitoring_crd_dir", "argocd_crd_dir", "flux_crd_dir")
+CORE += ("monitoring_crd_dir", "argocd_crd_dir", "flux_crd_dir", "owner_crd_dir")
 
 
 def test_up_status_down_leaves_nothing_running(tmp_path: Path) -> None:

@@ -10,15 +10,23 @@
   not stick; the stop annotation on the Notebook does; `ghostgpu restore notebook/NAME` undoes it.
 - An owner kind with no actuator (the `Trainer` double): 0 writes to its child, exactly one
   escalation naming the owner.
+- Every built-in manager actuator against its CRD (the real one where a Go module serves it:
+  LeaderWorkerSet, InferenceService, ScaledObject from `hack/testbin owner-crds`, RayCluster from
+  KubeRay; else the double): the controller's own stop (Reconciler.stop_manager/scale_to_zero) and
+  `ghostgpu restore KIND/NAME` are both accepted by the apiserver's schema, the record lives on the
+  top object, and restore puts the object back exactly.
+- Faults during an owner's stop (a real 409 from a concurrent write, the owner deleted mid-action;
+  for a scale stop also between the record and the scale): 0 false reclaims, 0 lost records.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -29,8 +37,24 @@ from owner_double import STOP_ANNOTATION, NotebookControllerDouble
 from proctables import FINISHED
 from test_controller import H100, LEASE_NS, REPO, WINDOW, Controller, controller_config, wait_for
 
+from ghostgpu.config import ControllerConfig
+from ghostgpu.controller.actuators import (
+    _MISSING,
+    RECLAIMED_FROM_RECORD,
+    ActuatorTable,
+    deep_merge,
+    get_pointer,
+    merge_patch_for,
+)
+from ghostgpu.controller.decisions import DecisionLog
+from ghostgpu.controller.inventory import gpu_predicate
+from ghostgpu.controller.kube import Cluster
+from ghostgpu.controller.managers import manager_workload, register_kinds
+from ghostgpu.controller.metrics import ControllerMetrics
+from ghostgpu.controller.reconciler import Reconciler
 from ghostgpu.devcluster import DevCluster, FakeDcgmClient, ProcessTables
 from ghostgpu.devcluster.paths import cache_root, read_versions
+from ghostgpu.verdict import Rule, Verdict, VerdictKind
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -392,3 +416,232 @@ def test_unknown_owner_zero_writes_to_the_child_one_escalation(
     finally:
         ctrl.stop()
         process_tables.clear(ns, pod)
+
+
+# --- every built-in actuator against its CRD: stop and restore, server-side -----------------------
+
+GPU = {"limits": {"nvidia.com/gpu": "1"}}
+GPU_POD = {
+    "nodeSelector": H100,
+    "tolerations": [GPU_TOLERATION],
+    "containers": [{"name": "main", "image": "gpu:1", "resources": GPU}],
+}
+# Where each manager kind's CRD comes from: the project's own (hack/testbin owner-crds, kuberay),
+# else a test double (tests/doubles/README.md). The devcluster installs the owner-crds ones.
+CRD_SOURCE = {
+    "RayCluster": "kuberay",
+    "LeaderWorkerSet": "owner-crds",
+    "InferenceService": "owner-crds",
+    "ScaledObject": "owner-crds",
+    "Notebook": "double",
+    "Workspace": "double",
+    "NIMService": "double",
+}
+
+
+def manager_object(kind: str, name: str, ns: str) -> dict[str, Any]:
+    """One object of each built-in manager kind, with a GPU pod template where the kind has one."""
+    a = ActuatorTable().by_kind[kind]
+    meta = {"name": name, "namespace": ns, "labels": {"app": name}, "annotations": {"team": "ml"}}
+    spec: dict[str, Any]
+    if kind == "RayCluster":
+        spec = raycluster(name, ns, workers=1)["spec"]
+    elif kind == "Notebook":
+        spec = notebook(name, ns)["spec"]
+    elif kind == "Workspace":  # the GPU is in its WorkspaceKind; paused: false, as a person writes it
+        spec = {"paused": False, "kind": "jupyterlab"}
+    elif kind == "LeaderWorkerSet":
+        spec = {"replicas": 2, "leaderWorkerTemplate": {"size": 2, "workerTemplate": {"spec": GPU_POD}}}
+    elif kind == "InferenceService":
+        spec = {"predictor": {"model": {"modelFormat": {"name": "pytorch"}, "storageUri": "pvc://m/x",
+                                        "resources": GPU}}}  # fmt: skip
+    elif kind == "NIMService":
+        spec = {"image": {"repository": "nvcr.io/nim/x", "tag": "1"}, "replicas": 2, "resources": GPU}
+    elif kind == "ScaledObject":  # KEDA's target is tracked; the ScaledObject carries the stop
+        trigger = {"type": "cpu", "metricType": "Utilization", "metadata": {"value": "50"}}
+        spec = {"scaleTargetRef": {"name": f"{name}-target"}, "minReplicaCount": 1, "triggers": [trigger]}
+    else:
+        raise AssertionError(f"no example object for {kind}")
+    return {"apiVersion": a.api_version, "kind": kind, "metadata": meta, "spec": spec}
+
+
+def install_crd_of(dc: DevCluster, kind: str) -> None:
+    """The CRD of `kind` (skips when hack/testbin has not built it); the owner-crds ones come
+    with the devcluster."""
+    source = CRD_SOURCE[kind]
+    a = ActuatorTable().by_kind[kind]
+    if source == "kuberay":
+        d = kuberay_dir() / "crds"
+        if not d.exists():
+            pytest.skip(f"KubeRay's CRDs not built (run hack/testbin kuberay): {d}")
+        apply_crds(dc, sorted(d.glob("*.yaml")))
+    elif source == "double":
+        apply_crds(dc, [DOUBLES / f"{a.plural}.{a.group}.yaml"])
+    apiext = client.ApiextensionsV1Api(dc.kube.api_client)
+    crd = apiext.read_custom_resource_definition(f"{a.plural}.{a.group}")
+    is_double = (crd.metadata.labels or {}).get("ghostgpu.io/test-double") == "true"
+    assert is_double == (source == "double"), f"{kind}: the CRD is {'a double' if is_double else 'real'}"
+    assert a.version in [v.name for v in crd.spec.versions if v.served]
+
+
+class Actor:
+    """The controller's own write path (Reconciler.stop_manager / scale_to_zero, the objects
+    run_controller builds) against the devcluster, without its poll loop: the loop itself is
+    proven above for RayCluster and Notebook."""
+
+    def __init__(self, rec: Reconciler, api: Any) -> None:
+        self.rec, self.api = rec, api
+
+    @classmethod
+    async def start(cls, dc: DevCluster, tmp_path: Path) -> Actor:
+        import kr8s.asyncio
+
+        api = await kr8s.asyncio.api(kubeconfig=str(dc.kubeconfig))
+        register_kinds(ActuatorTable())
+        cfg = ControllerConfig.model_validate({"mode": "enforce"})
+        rec = Reconciler(
+            cfg, cluster=Cluster(api, instance="owners-e2e"), utilization=None, processes=None,
+            files=None, s3=None, metrics=ControllerMetrics(),
+            decision_log=DecisionLog(tmp_path / "decisions.jsonl"),
+        )  # type: ignore[arg-type]  # fmt: skip
+        return cls(rec, api)
+
+    async def stop(self, obj: Mapping[str, Any]) -> str:
+        a = self.rec.actuators.by_kind[obj["kind"]]
+        wl = manager_workload(a, obj, gpu_predicate(["nvidia.com/gpu"]))
+        verdict = Verdict(kind=VerdictKind.FINISHED_IDLE, rule=Rule.GHOSTGPU, reasons=())
+        if a.stop == "scale":
+            return await self.rec.scale_to_zero(wl, verdict)
+        return await self.rec.stop_manager(wl, verdict, a)
+
+
+def get_object(dc: DevCluster, kind: str, ns: str, name: str) -> dict[str, Any]:
+    a = ActuatorTable().by_kind[kind]
+    custom = client.CustomObjectsApi(dc.kube.api_client)
+    return custom.get_namespaced_custom_object(a.group, a.version, ns, a.plural, name)
+
+
+def user_view(obj: Mapping[str, Any]) -> dict[str, Any]:
+    """What restore must put back exactly: spec, labels and every annotation but ghostgpu's."""
+    meta = obj["metadata"]
+    ann = {k: v for k, v in (meta.get("annotations") or {}).items() if not k.startswith("ghostgpu.io/")}
+    return {"spec": obj["spec"], "labels": meta.get("labels") or {}, "annotations": ann}
+
+
+RECORD_OF_STOP = {"scale": "ghostgpu.io/reclaimed-from-replicas"}
+STOPPED_OUTCOME = {"scale": "scaled-to-zero"}
+
+
+@pytest.mark.parametrize("kind", sorted(CRD_SOURCE))
+async def test_every_manager_actuator_stops_and_restores_exactly_against_its_crd(
+    kind: str, devcluster: DevCluster, make_namespace: Callable[..., str], tmp_path: Path
+) -> None:
+    install_crd_of(devcluster, kind)
+    a = ActuatorTable().by_kind[kind]
+    ns, name = make_namespace(prefix="act"), f"{kind.lower()}-1"
+    created = devcluster.kube.apply(manager_object(kind, name, ns)).to_dict()
+    before = user_view(get_object(devcluster, kind, ns, name))
+    assert created["spec"] == before["spec"]
+    actor = await Actor.start(devcluster, tmp_path)
+    outcome = await actor.stop(get_object(devcluster, kind, ns, name))
+    assert outcome == STOPPED_OUTCOME.get(a.stop, "stopped")
+    stopped = get_object(devcluster, kind, ns, name)
+    assert a.is_stopped(stopped), f"the apiserver kept the stop {a.writes}: {stopped['spec']}"
+    # The record is on the top object itself, next to the stop.
+    record = stopped["metadata"]["annotations"][RECORD_OF_STOP.get(a.stop, RECLAIMED_FROM_RECORD)]
+    if a.stop == "scale":
+        assert int(record) == before["spec"]["replicas"]
+    else:
+        assert set(json.loads(record)) == set(a.writes)
+    assert events(devcluster, ns, name, "Reclaimed", kind) == 1
+    out = restore(devcluster, f"{kind.lower()}/{name}", ns)
+    assert out.returncode == 0, out.stderr
+    after = get_object(devcluster, kind, ns, name)
+    assert not a.is_stopped(after)
+    expected = json.loads(json.dumps(before))
+    if a.stop == "field" and a.restore_value is not None and get_pointer(before, a.writes[0]) is _MISSING:
+        # documented: a field unset before the stop is set to its running value (suspend: false)
+        expected = deep_merge(expected, merge_patch_for(a.writes[0], a.restore_value))
+    assert user_view(after) == expected, "restore puts the object back exactly"
+    assert not [k for k in after["metadata"].get("annotations") or {} if k.startswith("ghostgpu.io/")]
+
+
+# --- faults during an owner's stop: a real 409, the owner deleted mid-action ----------------------
+
+FAULT_KINDS = ["InferenceService", "LeaderWorkerSet", "NIMService"]  # annotation, scale, field stops
+
+
+def ghostgpu_annotations(obj: Mapping[str, Any]) -> dict[str, str]:
+    ann = obj["metadata"].get("annotations") or {}
+    return {k: v for k, v in ann.items() if k.startswith("ghostgpu.io/")}
+
+
+@pytest.mark.parametrize(
+    "fault",
+    ["conflict-before-write", "deleted-before-write", "conflict-after-record", "deleted-after-record"],
+)
+@pytest.mark.parametrize("kind", FAULT_KINDS)
+async def test_faults_during_an_owner_stop_never_reclaim_falsely_nor_lose_records(
+    kind: str, fault: str, devcluster: DevCluster, make_namespace: Callable[..., str], tmp_path: Path
+) -> None:
+    """The fault lands between the controller's read and its write (a real 409 from the
+    resourceVersion precondition, a real 404), or, for a scale stop, between the record and the
+    scale. Afterwards: nothing stopped, no Reclaimed Event and no reclaim counted, no record left
+    without its stop; a later stop and `ghostgpu restore` still work exactly."""
+    a = ActuatorTable().by_kind[kind]
+    if fault.endswith("after-record") and a.stop != "scale":
+        pytest.skip("an annotation or field stop is one write with its record: no 'after the record'")
+    install_crd_of(devcluster, kind)
+    ns, name = make_namespace(prefix="fault"), f"{kind.lower()}-f"
+    devcluster.kube.apply(manager_object(kind, name, ns))
+    custom = client.CustomObjectsApi(devcluster.kube.api_client)
+    path = (a.group, a.version, ns, a.plural, name)
+    actor = await Actor.start(devcluster, tmp_path)
+    rec = actor.rec
+
+    def concurrent_write() -> None:  # someone else changes the object: a person, its manager
+        if a.stop == "scale":
+            custom.patch_namespaced_custom_object_scale(*path, {"spec": {"replicas": 3}})
+        else:
+            custom.patch_namespaced_custom_object(*path, {"metadata": {"labels": {"edited": "yes"}}})
+
+    def delete() -> None:
+        custom.delete_namespaced_custom_object(*path)
+
+    inject = concurrent_write if fault.startswith("conflict") else delete
+    real_before, real_scale = rec._before_stop, rec.cluster.scale
+    if fault.endswith("before-write"):
+
+        async def before(wl: Any, fresh: Any, verdict: Any) -> str | None:
+            await asyncio.to_thread(inject)  # after the controller's GET, before its write
+            return await real_before(wl, fresh, verdict)
+
+        rec._before_stop = before  # type: ignore[method-assign]
+    else:
+
+        async def scale(ref: Any, replicas: int, **kw: Any) -> None:
+            await asyncio.to_thread(inject)  # after the record landed, before the scale
+            await real_scale(ref, replicas, **kw)
+
+        rec.cluster.scale = scale  # type: ignore[method-assign]
+    outcome = await actor.stop(get_object(devcluster, kind, ns, name))
+    assert outcome == ("conflict" if fault.startswith("conflict") else "gone")
+    assert events(devcluster, ns, name, "Reclaimed") == 0
+    assert rec.metrics.reclaims.labels(ns, "FINISHED_IDLE", "stop")._value.get() == 0
+    assert rec.metrics.reclaims.labels(ns, "FINISHED_IDLE", "scale-to-zero")._value.get() == 0
+    if fault.startswith("deleted"):
+        out = restore(devcluster, f"{kind.lower()}/{name}", ns)
+        assert out.returncode == 1 and "not found" in out.stderr, (out.stdout, out.stderr)
+        return
+    obj = get_object(devcluster, kind, ns, name)
+    assert not a.is_stopped(obj), "a 409 stops nothing"
+    assert ghostgpu_annotations(obj) == {}, "no record without its stop"
+    # The next poll's stop, from a fresh read, lands with a record of the current state.
+    rec._before_stop, rec.cluster.scale = real_before, real_scale  # type: ignore[method-assign]
+    before = user_view(obj)
+    assert await actor.stop(obj) == STOPPED_OUTCOME.get(a.stop, "stopped")
+    assert a.is_stopped(get_object(devcluster, kind, ns, name))
+    out = restore(devcluster, f"{kind.lower()}/{name}", ns)
+    assert out.returncode == 0, out.stderr
+    after = get_object(devcluster, kind, ns, name)
+    assert user_view(after) == before and ghostgpu_annotations(after) == {}

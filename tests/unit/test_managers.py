@@ -624,3 +624,44 @@ async def test_a_manager_kind_that_cannot_be_listed_is_empty_and_synced(code: in
     with contextlib.suppress(asyncio.CancelledError):
         await task
     assert r.store == {} and len(calls) >= 2 and calls[0] == "rayclusters"
+
+
+# --- GPU-hours recovered: managers count like scaled workloads ------------------------------------
+
+# kind -> pods whose GPUs the stop frees: a RayCluster's worker replicas (its head has no GPU), a
+# NIMService's replicas before the stop (the stop wrote them to 0), 1 without a replica count.
+RECOVERED_PODS = {
+    "RayCluster": 2, "NIMService": 2, "Notebook": 1, "InferenceService": 1, "LeaderWorkerSet": 2,
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("kind", sorted(RECOVERED_PODS))
+async def test_a_stopped_manager_counts_its_gpu_hours_recovered_until_undone(
+    tmp_path: Path, kind: str
+) -> None:
+    a = TABLE.by_kind[kind]
+    o = tracked(kind, "w")
+    api = FakeApi([o])
+    ref = FakeApi.ref(o)
+    rec = reconciler(tmp_path, api, [])
+    wl = manager_workload(a, o, IS_GPU)
+    assert wl.gpus_per_pod == {"nvidia.com/gpu": 1.0}
+    if a.stop == "scale":
+        assert await rec.scale_to_zero(wl, reclaimable()) == "scaled-to-zero"
+    else:
+        assert await rec.stop_manager(wl, reclaimable(), a) == "stopped"
+    recovered = rec.metrics.gpu_hours_recovered.labels(NS, "all")
+    for _ in range(3):  # nothing runs: each poll adds the freed GPUs for one poll interval
+        await rec.poll_once(snapshot(api, []))
+    per_poll = RECOVERED_PODS[kind] * 1 * 60 / 3600
+    assert recovered._value.get() == pytest.approx(3 * per_poll)
+    # Undone by someone else (the record is still there): nothing more is counted.
+    stopped = api.objects[ref]
+    undo = merge(stopped, {"spec": {"replicas": 2}} if a.stop == "scale" else a.restore_patch(stopped))
+    undo["metadata"]["annotations"].update(
+        {k: v for k, v in stopped["metadata"]["annotations"].items() if k.startswith("ghostgpu.io/reclaimed")}
+    )
+    api.objects[ref] = undo
+    assert not a.is_stopped(undo)
+    await rec.poll_once(snapshot(api, []))
+    assert recovered._value.get() == pytest.approx(3 * per_poll)
