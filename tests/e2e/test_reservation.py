@@ -195,11 +195,81 @@ def team(
         yield t, pod
     finally:
         process_tables.clear(ns, pod)
-        for job in ("big", "small", "big-unreserved"):
+        for job in JOBS:
             with contextlib.suppress(client.ApiException):
                 t.batch.delete_namespaced_job(job, ns, propagation_policy="Background")
         for w in t.workloads(PLACEHOLDERS):
             kube.delete("/".join(KUEUE), "Workload", w["metadata"]["name"], ns)
+        for obj in reversed(objs):
+            md = obj["metadata"]
+            kube.delete("/".join(KUEUE), obj["kind"], md["name"], md.get("namespace"))
+
+
+JOBS = ("big", "small", "big-unreserved")
+
+
+@contextlib.contextmanager
+def cohort_of_two(
+    devcluster: DevCluster,
+    make_namespace: Callable[..., str],
+    process_tables: ProcessTables,
+    dcgm: FakeDcgmClient,
+    *,
+    holder_gpus: int,
+    preemption: dict[str, Any] | None = None,
+) -> Iterator[tuple[Team, Team, str]]:
+    """Teams A and B, nominal 4 each, in one cohort over the same H100 flavor; A's live, busy
+    Deployment x holds `holder_gpus`; both namespaces opted in. Yields (A, B, x's pod) and removes
+    the Jobs, placeholders and Kueue objects afterwards (stop the controller first)."""
+    kube = devcluster.kube
+    kube.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": LEASE_NS}})
+    uid = uuid.uuid4().hex[:6]
+    ns_a, ns_b = make_namespace({}, prefix="team-a"), make_namespace({}, prefix="team-b")
+    flavor, cohort = f"h100-{uid}", f"pool-{uid}"
+    a = Team(devcluster, ns_a, f"cq-a-{uid}", flavor)
+    b = Team(devcluster, ns_b, f"cq-b-{uid}", flavor)
+    toleration = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+
+    def cq(t: Team) -> dict[str, Any]:
+        return {"kind": "ClusterQueue", "metadata": {"name": t.cq}, "spec": {
+            "cohortName": cohort,
+            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": t.ns}},
+            **(preemption or {}),
+            "resourceGroups": [{"coveredResources": ["nvidia.com/gpu"], "flavors": [
+                {"name": flavor, "resources": [{"name": "nvidia.com/gpu", "nominalQuota": 4}]},
+            ]}]}}  # fmt: skip
+
+    objs = [
+        {"kind": "ResourceFlavor", "metadata": {"name": flavor},
+         "spec": {"nodeLabels": H100_NODE, "tolerations": toleration}},
+        cq(a), cq(b),
+        *({"kind": "LocalQueue", "metadata": {"name": QUEUE, "namespace": t.ns},
+           "spec": {"clusterQueue": t.cq}} for t in (a, b)),
+    ]  # fmt: skip
+    for obj in objs:
+        kube.apply({"apiVersion": "/".join(KUEUE), **obj})
+    pod = ""
+    try:
+        dep = deployment("x", ns_a, gpus=holder_gpus)
+        dep["spec"]["template"]["spec"]["nodeSelector"] = H100_NODE
+        kube.apply(dep)
+        pod = wait_for(lambda: _running_pod(a, "x"), 90, "x running")
+        process_tables.set(ns_a, pod, LIVE)
+        dcgm.set(ns_a, pod, util=90.0)
+        for t in (a, b):
+            kube.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": t.ns, "labels": {
+                "ghostgpu.io/reclaim": "enabled", "ghostgpu.io/team": t.cq}}})  # fmt: skip
+        yield a, b, pod
+    finally:
+        if pod:
+            process_tables.clear(ns_a, pod)
+        for t in (a, b):
+            for job in JOBS:
+                with contextlib.suppress(client.ApiException):
+                    t.batch.delete_namespaced_job(job, t.ns, propagation_policy="Background")
+        for w in a.workloads(PLACEHOLDERS):
+            kube.delete("/".join(KUEUE), "Workload", w["metadata"]["name"], ns_a)
+        kube.delete("apps/v1", "Deployment", "x", ns_a)
         for obj in reversed(objs):
             md = obj["metadata"]
             kube.delete("/".join(KUEUE), obj["kind"], md["name"], md.get("namespace"))
@@ -401,76 +471,30 @@ def test_cohort_borrowing_counts_the_reservation(
     """Two teams of 4 in one cohort over the same 8 GPUs; team A's live Deployment holds 4. Without
     reservation team B borrows A's idle-looking quota for an 8-GPU Job that cannot be scheduled; with
     it A's quota is in use, so B can borrow nothing and only its 4-GPU Job is admitted (and runs)."""
-    kube = devcluster.kube
-    kube.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": LEASE_NS}})
-    uid = uuid.uuid4().hex[:6]
-    ns_a, ns_b = make_namespace({}, prefix="team-a"), make_namespace({}, prefix="team-b")
-    flavor, cohort = f"h100-{uid}", f"pool-{uid}"
-    a = Team(devcluster, ns_a, f"cq-a-{uid}", flavor)
-    b = Team(devcluster, ns_b, f"cq-b-{uid}", flavor)
-    toleration = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+    with cohort_of_two(devcluster, make_namespace, process_tables, dcgm, holder_gpus=4) as (a, b, _):
+        ctl: Controller | None = None
+        try:
+            b.job("big-unreserved", 8)
+            wait_for(lambda: b.admitted("big-unreserved"), 60, "B borrows A's 4 for an 8-GPU Job")
+            wait_for(lambda: b.failed_scheduling("big-unreserved"), 30, "its pod cannot be scheduled")
+            b.delete_job("big-unreserved")
 
-    def cq(t: Team) -> dict[str, Any]:
-        return {"kind": "ClusterQueue", "metadata": {"name": t.cq}, "spec": {
-            "cohortName": cohort,
-            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": t.ns}},
-            "resourceGroups": [{"coveredResources": ["nvidia.com/gpu"], "flavors": [
-                {"name": flavor, "resources": [{"name": "nvidia.com/gpu", "nominalQuota": 4}]},
-            ]}]}}  # fmt: skip
+            cfg = config(tmp_path, prometheus_url, "enforce")
+            ctl = Controller(devcluster.kubeconfig, cfg, tmp_path, "cohort")
 
-    objs = [
-        {"kind": "ResourceFlavor", "metadata": {"name": flavor},
-         "spec": {"nodeLabels": H100_NODE, "tolerations": toleration}},
-        cq(a), cq(b),
-        *({"kind": "LocalQueue", "metadata": {"name": QUEUE, "namespace": t.ns},
-           "spec": {"clusterQueue": t.cq}} for t in (a, b)),
-    ]  # fmt: skip
-    for obj in objs:
-        kube.apply({"apiVersion": "/".join(KUEUE), **obj})
-    ctl: Controller | None = None
-    pod = ""
-    try:
-        dep = deployment("x", ns_a, gpus=4)
-        dep["spec"]["template"]["spec"]["nodeSelector"] = H100_NODE
-        kube.apply(dep)
-        pod = wait_for(lambda: _running_pod(a, "x"), 90, "x running")
-        process_tables.set(ns_a, pod, LIVE)
-        dcgm.set(ns_a, pod, util=90.0)
-        for t in (a, b):
-            kube.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": t.ns, "labels": {
-                "ghostgpu.io/reclaim": "enabled", "ghostgpu.io/team": t.cq}}})  # fmt: skip
+            def reserved() -> bool:
+                ready = all(c.get("PodsReady") == "True" for c in a.placeholders().values())
+                return a.cq_usage() == 4 and ready
 
-        b.job("big-unreserved", 8)
-        wait_for(lambda: b.admitted("big-unreserved"), 60, "B borrows A's 4 for an 8-GPU Job")
-        wait_for(lambda: b.failed_scheduling("big-unreserved"), 30, "its pod cannot be scheduled")
-        b.delete_job("big-unreserved")
-
-        cfg = config(tmp_path, prometheus_url, "enforce")
-        ctl = Controller(devcluster.kubeconfig, cfg, tmp_path, "cohort")
-
-        def reserved() -> bool:
-            return a.cq_usage() == 4 and all(c.get("PodsReady") == "True" for c in a.placeholders().values())
-
-        wait_for(reserved, 60, "A's 4 held GPUs reserved")
-        b.job("big", 8)
-        b.job("small", 4)
-        wait_for(lambda: b.admitted("small"), 60, "B's 4-GPU Job admitted on its own quota")
-        wait_for(lambda: [p for p in b.job_pods("small") if p.spec.node_name], 30, "small scheduled")
-        ctl.wait_polls(2)
-        assert not b.admitted("big"), "nothing left to borrow: the 8-GPU Job waits"
-        assert b.failed_scheduling("small") == [] and b.failed_scheduling("big") == []
-        assert a.cq_usage() == 4  # the placeholder was not preempted or counted twice
-    finally:
-        if ctl is not None:
-            ctl.stop()
-        if pod:
-            process_tables.clear(ns_a, pod)
-        for t in (a, b):
-            for job in ("big", "small", "big-unreserved"):
-                with contextlib.suppress(client.ApiException):
-                    t.batch.delete_namespaced_job(job, t.ns, propagation_policy="Background")
-        for w in a.workloads(PLACEHOLDERS):
-            kube.delete("/".join(KUEUE), "Workload", w["metadata"]["name"], ns_a)
-        for obj in reversed(objs):
-            md = obj["metadata"]
-            kube.delete("/".join(KUEUE), obj["kind"], md["name"], md.get("namespace"))
+            wait_for(reserved, 60, "A's 4 held GPUs reserved")
+            b.job("big", 8)
+            b.job("small", 4)
+            wait_for(lambda: b.admitted("small"), 60, "B's 4-GPU Job admitted on its own quota")
+            wait_for(lambda: [p for p in b.job_pods("small") if p.spec.node_name], 30, "small scheduled")
+            ctl.wait_polls(2)
+            assert not b.admitted("big"), "nothing left to borrow: the 8-GPU Job waits"
+            assert b.failed_scheduling("small") == [] and b.failed_scheduling("big") == []
+            assert a.cq_usage() == 4  # the placeholder was not preempted or counted twice
+        finally:
+            if ctl is not None:
+                ctl.stop()

@@ -31,7 +31,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 from proctables import LIVE
-from test_controller import LEASE_NS, Controller, deployment, wait_for
+from test_controller import Controller, deployment, wait_for
 from test_reservation import (  # noqa: F401  (team: a fixture)
     H100_NODE,
     KUEUE,
@@ -41,6 +41,7 @@ from test_reservation import (  # noqa: F401  (team: a fixture)
     Team,
     _pods_of_x,
     _running_pod,
+    cohort_of_two,
     config,
     team,
 )
@@ -197,131 +198,93 @@ def test_a_placeholder_preempted_by_a_cohort_reclaim_is_counted_announced_and_re
     """Teams A and B of nominal 4 each in one cohort over 8 GPUs, reclaimWithinCohort Any, fair
     sharing weights 1 (used when the variant has fair sharing on). A's live Deployment holds 6: its
     placeholder borrows 2 of B's quota. B's 4-GPU Job reclaims them."""
-    kube = devcluster.kube
-    kube.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": LEASE_NS}})
-    uid = uuid.uuid4().hex[:6]
-    ns_a, ns_b = make_namespace({}, prefix="team-a"), make_namespace({}, prefix="team-b")
-    flavor, cohort = f"h100-{uid}", f"pool-{uid}"
-    a = Team(devcluster, ns_a, f"cq-a-{uid}", flavor)
-    b = Team(devcluster, ns_b, f"cq-b-{uid}", flavor)
-    toleration = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+    preemption = {"preemption": {"reclaimWithinCohort": "Any", "withinClusterQueue": "LowerPriority",
+                                 "borrowWithinCohort": {"policy": "Never"}},
+                  "fairSharing": {"weight": "1"}}  # fmt: skip
+    with cohort_of_two(
+        devcluster, make_namespace, process_tables, dcgm, holder_gpus=6, preemption=preemption
+    ) as (a, b, _):
+        ctl: Controller | None = None
+        try:
+            cfg = config(tmp_path, prometheus_url, "enforce")
+            ctl = Controller(devcluster.kubeconfig, cfg, tmp_path, f"reclaim-{kueue_variant}")
 
-    def cq(t: Team) -> dict[str, Any]:
-        return {"kind": "ClusterQueue", "metadata": {"name": t.cq}, "spec": {
-            "cohortName": cohort,
-            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": t.ns}},
-            "preemption": {"reclaimWithinCohort": "Any", "withinClusterQueue": "LowerPriority",
-                           "borrowWithinCohort": {"policy": "Never"}},
-            "fairSharing": {"weight": "1"},
-            "resourceGroups": [{"coveredResources": ["nvidia.com/gpu"], "flavors": [
-                {"name": flavor, "resources": [{"name": "nvidia.com/gpu", "nominalQuota": 4}]},
-            ]}]}}  # fmt: skip
+            def reserved() -> str | None:
+                ws = a.workloads(PLACEHOLDERS)
+                ok = len(ws) == 1 and all(
+                    conditions(ws[0]).get(c, {}).get("status") == "True" for c in ("Admitted", "PodsReady")
+                )
+                return ws[0]["metadata"]["uid"] if ok and a.cq_usage() == 6 else None
 
-    objs = [
-        {"kind": "ResourceFlavor", "metadata": {"name": flavor},
-         "spec": {"nodeLabels": H100_NODE, "tolerations": toleration}},
-        cq(a), cq(b),
-        *({"kind": "LocalQueue", "metadata": {"name": QUEUE, "namespace": t.ns},
-           "spec": {"clusterQueue": t.cq}} for t in (a, b)),
-    ]  # fmt: skip
-    for obj in objs:
-        kube.apply({"apiVersion": "/".join(KUEUE), **obj})
-    ctl: Controller | None = None
-    pod = ""
-    try:
-        dep = deployment("x", ns_a, gpus=6)
-        dep["spec"]["template"]["spec"]["nodeSelector"] = H100_NODE
-        kube.apply(dep)
-        pod = wait_for(lambda: _running_pod(a, "x"), 90, "x running")
-        process_tables.set(ns_a, pod, LIVE)
-        dcgm.set(ns_a, pod, util=90.0)
-        for t in (a, b):
-            kube.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": t.ns, "labels": {
-                "ghostgpu.io/reclaim": "enabled", "ghostgpu.io/team": t.cq}}})  # fmt: skip
-        cfg = config(tmp_path, prometheus_url, "enforce")
-        ctl = Controller(devcluster.kubeconfig, cfg, tmp_path, f"reclaim-{kueue_variant}")
+            first = wait_for(reserved, 60, "A's 6 held GPUs reserved (2 of them borrowed from B)")
+            borrowed = "ghostgpu_reservation_borrowed_gpus"
+            wait_for(lambda: ctl is not None and ctl.metric(borrowed, cluster_queue=a.cq) == 2, 30,
+                     "the 2 borrowed GPUs of the reservation reported")  # fmt: skip
 
-        def reserved() -> str | None:
-            ws = a.workloads(PLACEHOLDERS)
-            ok = len(ws) == 1 and all(
-                conditions(ws[0]).get(c, {}).get("status") == "True" for c in ("Admitted", "PodsReady")
+            # B reclaims its lent quota: Kueue preempts the placeholder.
+            seen: list[tuple[int, float]] = []  # (placeholders of x, A's usage) over the reclaim
+            b.job("big", 4)
+            submitted = time.monotonic()
+
+            def evicted_counted() -> bool:
+                seen.append((len(a.workloads(PLACEHOLDERS)), a.cq_usage()))
+                return ctl is not None and ctl.metric(EVICTIONS, cluster_queue=a.cq) == 1
+
+            wait_for(evicted_counted, 60, "the preempted placeholder counted")
+            print(f"[{kueue_variant}] preempted, counted {time.monotonic() - submitted:.1f}s after B's Job")
+            reasons = [
+                line
+                for line in ctl.metrics().splitlines()
+                if line.startswith(EVICTIONS + "{") and a.cq in line
+            ]
+            print(f"[{kueue_variant}] {reasons}")
+            # Measured: InCohortReclamation with fair sharing on too (B reclaims within its nominal quota).
+            expected = "InCohortReclamation"
+            assert ctl.metric(EVICTIONS, cluster_queue=a.cq, reason=expected) == 1
+            ev = wait_for(
+                lambda: [e for e in events(a, "ReservationEvicted") if e.involved_object.uid == first],
+                30,
+                "the Event on the preempted placeholder",
             )
-            return ws[0]["metadata"]["uid"] if ok and a.cq_usage() == 6 else None
+            assert "6 nvidia.com/gpu held outside Kueue by deployment/x: " + expected in ev[0].message
+            wait_for(lambda: b.admitted("big"), 60, "B's Job admitted on its reclaimed quota")
+            print(f"[{kueue_variant}] B's Job admitted {time.monotonic() - submitted:.1f}s after creation")
 
-        first = wait_for(reserved, 60, "A's 6 held GPUs reserved (2 of them borrowed from B)")
-        borrowed = "ghostgpu_reservation_borrowed_gpus"
-        wait_for(lambda: ctl is not None and ctl.metric(borrowed, cluster_queue=a.cq) == 2, 30,
-                 "the 2 borrowed GPUs of the reservation reported")  # fmt: skip
+            def replaced_pending() -> bool:
+                seen.append((len(a.workloads(PLACEHOLDERS)), a.cq_usage()))
+                ws = a.workloads(PLACEHOLDERS)
+                return len(ws) == 1 and ws[0]["metadata"]["uid"] != first
 
-        # B reclaims its lent quota: Kueue preempts the placeholder.
-        seen: list[tuple[int, float]] = []  # (placeholders of x, A's usage) over the reclaim
-        b.job("big", 4)
-        submitted = time.monotonic()
+            wait_for(replaced_pending, 30, "the placeholder created again")
+            # The window: B's Job was admitted onto GPUs that x still uses.
+            refused = wait_for(lambda: b.failed_scheduling("big"), 30, "B's pod refused by the scheduler")
+            window = bool(refused)
+            print(f"[{kueue_variant}] B's admitted pod cannot be scheduled while x holds 6: {window}")
+            ctl.wait_polls(2)
+            [again] = a.workloads(PLACEHOLDERS)
+            admitted = conditions(again).get("Admitted", {}).get("status")
+            assert admitted != "True", "no quota left for it: it waits"
+            assert conditions(again).get("QuotaReserved", {}).get("status") != "True"
 
-        def evicted_counted() -> bool:
-            seen.append((len(a.workloads(PLACEHOLDERS)), a.cq_usage()))
-            return ctl is not None and ctl.metric(EVICTIONS, cluster_queue=a.cq) == 1
+            # The lender's Job goes: the reservation is admitted again, once.
+            b.delete_job("big")
+            gone = time.monotonic()
 
-        wait_for(evicted_counted, 60, "the preempted placeholder counted")
-        print(f"[{kueue_variant}] preempted, counted {time.monotonic() - submitted:.1f}s after B's Job")
-        reasons = [
-            line for line in ctl.metrics().splitlines() if line.startswith(EVICTIONS + "{") and a.cq in line
-        ]
-        print(f"[{kueue_variant}] {reasons}")
-        # Measured: InCohortReclamation with fair sharing on too (B reclaims within its nominal quota).
-        expected = "InCohortReclamation"
-        assert ctl.metric(EVICTIONS, cluster_queue=a.cq, reason=expected) == 1
-        ev = wait_for(lambda: [e for e in events(a, "ReservationEvicted") if e.involved_object.uid == first],
-                      30, "the Event on the preempted placeholder")  # fmt: skip
-        assert "6 nvidia.com/gpu held outside Kueue by deployment/x: " + expected in ev[0].message
-        wait_for(lambda: b.admitted("big"), 60, "B's Job admitted on its reclaimed quota")
-        print(f"[{kueue_variant}] B's Job admitted {time.monotonic() - submitted:.1f}s after creation")
+            def re_established() -> bool:
+                seen.append((len(a.workloads(PLACEHOLDERS)), a.cq_usage()))
+                return reserved() is not None
 
-        def replaced_pending() -> bool:
-            seen.append((len(a.workloads(PLACEHOLDERS)), a.cq_usage()))
-            ws = a.workloads(PLACEHOLDERS)
-            return len(ws) == 1 and ws[0]["metadata"]["uid"] != first
-
-        wait_for(replaced_pending, 30, "the placeholder created again")
-        # The window: B's Job was admitted onto GPUs that x still uses.
-        window = bool(wait_for(lambda: b.failed_scheduling("big"), 30, "B's pod refused by the scheduler"))
-        print(f"[{kueue_variant}] B's admitted pod cannot be scheduled while x holds 6: {window}")
-        ctl.wait_polls(2)
-        [again] = a.workloads(PLACEHOLDERS)
-        assert conditions(again).get("Admitted", {}).get("status") != "True", "no quota left for it: it waits"
-        assert conditions(again).get("QuotaReserved", {}).get("status") != "True"
-
-        # The lender's Job goes: the reservation is admitted again, once.
-        b.delete_job("big")
-        gone = time.monotonic()
-
-        def re_established() -> bool:
-            seen.append((len(a.workloads(PLACEHOLDERS)), a.cq_usage()))
-            return reserved() is not None
-
-        wait_for(re_established, 60, "the reservation admitted again")
-        print(f"[{kueue_variant}] re-established {time.monotonic() - gone:.1f}s after B's Job went")
-        ctl.wait_polls(2)
-        assert reserved() is not None and a.cq_usage() == 6
-        assert ctl.metric(EVICTIONS, cluster_queue=a.cq) == 1  # one eviction, counted once
-        assert ctl.metric(borrowed, cluster_queue=a.cq) == 2
-        # Never two placeholders for x, never more than the 6 held counted.
-        assert max(n for n, _ in seen) == 1 and max(u for _, u in seen) <= 6
-    finally:
-        if ctl is not None:
-            ctl.stop()
-        if pod:
-            process_tables.clear(ns_a, pod)
-        for t in (a, b):
-            for job in ("big", "small"):
-                with contextlib.suppress(client.ApiException):
-                    t.batch.delete_namespaced_job(job, t.ns, propagation_policy="Background")
-        for w in a.workloads(PLACEHOLDERS):
-            kube.delete("/".join(KUEUE), "Workload", w["metadata"]["name"], ns_a)
-        kube.delete("apps/v1", "Deployment", "x", ns_a)
-        for obj in reversed(objs):
-            md = obj["metadata"]
-            kube.delete("/".join(KUEUE), obj["kind"], md["name"], md.get("namespace"))
+            wait_for(re_established, 60, "the reservation admitted again")
+            print(f"[{kueue_variant}] re-established {time.monotonic() - gone:.1f}s after B's Job went")
+            ctl.wait_polls(2)
+            assert reserved() is not None and a.cq_usage() == 6
+            assert ctl.metric(EVICTIONS, cluster_queue=a.cq) == 1  # one eviction, counted once
+            assert ctl.metric(borrowed, cluster_queue=a.cq) == 2
+            # Never two placeholders for x, never more than the 6 held counted.
+            assert max(n for n, _ in seen) == 1 and max(u for _, u in seen) <= 6
+        finally:
+            if ctl is not None:
+                ctl.stop()
 
 
 def test_a_higher_priority_placeholder_would_preempt_its_own_teams_running_work(
