@@ -745,11 +745,16 @@ class Reconciler:
             return None
         if self.revert_guard.held(fresh, stop.writes) is not None:
             return "held-by-revert-mark"  # announced once, by the ReclaimReverted Event
-        if self.gitops is None:
-            return None
-        pre = await self.gitops.check(fresh, stop.writes)
-        if not pre.blocks:
-            return None
+        if self.gitops is not None:
+            pre = await self.gitops.check(fresh, stop.writes)
+            if pre.blocks:
+                return await self._gitops_blocked(wl, fresh, verdict, pre)
+        self.revert_guard.forget(wl.uid)  # a new record follows: earlier sightings do not count
+        return None
+
+    async def _gitops_blocked(
+        self, wl: Workload, fresh: Mapping[str, Any], verdict: Verdict, pre: Preflight
+    ) -> str:
         st = self.states.get(wl.ref)
         if st is not None and st.escalated_for != verdict.kind:
             st.escalated_for = verdict.kind

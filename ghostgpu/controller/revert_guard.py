@@ -216,6 +216,13 @@ class RevertGuard:
     def saw_stopped(self, uid: str, record: str) -> None:
         self.seen_stopped.setdefault((uid, record), time.monotonic())
 
+    def forget(self, uid: str) -> None:
+        """A new stop of `uid` is about to be recorded: what this process saw under an earlier
+        record (often the same value: a restored workload reclaimed again) says nothing about the
+        new one, whose stop may yet fail and must then not read as undone."""
+        for key in [k for k in self.seen_stopped if k[0] == uid]:
+            del self.seen_stopped[key]
+
     def held(self, obj: Mapping[str, Any], writes: Sequence[str]) -> Mark | None:
         mark = mark_holds(obj, writes)
         if mark is not None:

@@ -244,3 +244,22 @@ async def test_a_conflict_on_the_mark_retries_and_still_records_once(tmp_path: P
     h.cluster.conflict_on.clear()
     await h.polls(10)
     assert events(h, "ReclaimReverted") == 1 and h.cluster.scaled == [(REF, 0)]
+
+
+async def test_a_failed_stop_after_a_restore_is_not_a_revert(tmp_path: Path) -> None:
+    """Reclaimed, restored, then reclaimed again under the same record ("1") with a scale that
+    fails (a 5xx): what this process saw under the first record must not make the second read as
+    undone, or the workload would be marked and never reclaimed again."""
+    h, _ = tracked_harness(tmp_path, FIXED_APP)
+    await h.polls(6)  # reclaimed, and the cache has shown it stopped
+    assert h.cluster.scaled == [(REF, 0)]
+    o = h.objects[REF]
+    o["spec"]["replicas"] = 1  # restored: replicas back, record gone (writer unknown to the guard)
+    for key in ("ghostgpu.io/reclaimed-from-replicas", "ghostgpu.io/reclaimed-at"):
+        o["metadata"]["annotations"].pop(key, None)
+    o["metadata"]["managedFields"] = []
+    h.cluster.scale_fails = 1
+    await h.polls(12)
+    assert events(h, "ReclaimReverted") == 0
+    assert MARK not in h.objects[REF]["metadata"]["annotations"]
+    assert len(h.cluster.scaled) == 2, "the next poll reclaims it again"
