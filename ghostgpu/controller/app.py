@@ -265,7 +265,9 @@ async def run_controller(
         on_change=lambda leading: metrics.leader.set(1 if leading else 0),
     )
     prom = PrometheusClient(cfg.prometheus.url, timeout=cfg.prometheus.timeout.seconds)
-    spec = QuerySpec.from_preset(cfg.metrics.active, max_sample_age=cfg.stale_after.seconds)
+    spec = QuerySpec.from_preset(
+        cfg.metrics.active, max_sample_age=cfg.stale_after.seconds, zero_threshold=cfg.zero_threshold
+    )
     executor = BudgetedExec(KubeExec(api), budget)
     s3 = S3ArtifactProbe(endpoint_url=cfg.s3.endpoint, region=cfg.s3.region) if _s3_possible() else None
     dlog = DecisionLog(decision_log)

@@ -325,7 +325,18 @@ class BudgetedExec:
     def __init__(self, executor: PodExec, budget: RequestBudget) -> None:
         self.executor = executor
         self.budget = budget
+        # An executor that can wait on the budget once connected (podexec.KubeExec) does so: the
+        # apiserver's audit log then stamps each exec when the budget let it go, not a TLS
+        # handshake later (up to tenths of a second on a loaded machine, which bunched arrivals
+        # over the budget's rate).
+        self._inside = hasattr(executor, "admit")
+        if self._inside:
+            executor.admit = self._acquire  # type: ignore[attr-defined]
+
+    async def _acquire(self) -> None:
+        await self.budget.acquire(Priority.PROBE)
 
     async def run(self, pod: PodRef, argv: tuple[str, ...], *, timeout: float) -> ExecResult:
-        await self.budget.acquire(Priority.PROBE)
+        if not self._inside:
+            await self._acquire()
         return await self.executor.run(pod, argv, timeout=timeout)

@@ -57,7 +57,9 @@ RECLAIMABLE = frozenset({"FINISHED_IDLE", "ZOMBIE_CRASHED"})
 LIVE = frozenset({"ACTIVE", "IDLE_HELD"})
 
 # workload, verdict, reasons, gpus, action: one judged workload on one poll (record_poll's input).
-DecisionRow: TypeAlias = tuple[str, str, tuple[str, ...], float, str]
+# The workload is anything whose str() names it (the controller passes its WorkloadRef: held
+# between polls for 50,000 workloads, a string per workload per poll was ~3 MB kept and remade).
+DecisionRow: TypeAlias = tuple[Any, str, tuple[str, ...], float, str]
 
 
 class Decision(BaseModel):
@@ -136,7 +138,7 @@ def _row_line(
         "reasons": list(reasons),
         "ts": ts,
         "verdict": verdict,
-        "workload": workload,
+        "workload": str(workload),
     }
     if checkpoint:
         d["checkpoint"] = True
@@ -160,7 +162,7 @@ class DecisionLog:
         if self.path:
             self.path.parent.mkdir(parents=True, exist_ok=True)
         # record_poll's memory: the last row written per workload, as of poll self._poll in self._mode.
-        self._held: dict[str, DecisionRow] = {}
+        self._held: dict[Any, DecisionRow] = {}
         self._poll: int | None = None
         self._mode: str | None = None
 
@@ -195,7 +197,7 @@ class DecisionLog:
         # that the file never saw (or that ended meanwhile): start a fresh segment instead.
         fresh = self._poll is None or poll != self._poll + 1 or mode != self._mode
         held = {} if fresh else self._held
-        seen: dict[str, DecisionRow] = {}
+        seen: dict[Any, DecisionRow] = {}
         changed: list[DecisionRow] = []
         found = 0  # rows whose workload was held: fewer than len(held) means some left
         get = held.get
@@ -208,7 +210,7 @@ class DecisionLog:
                 found += 1
                 if old != row:
                     changed.append(row)
-        left = sorted(held.keys() - seen.keys()) if found < len(held) else []
+        left = sorted(map(str, held.keys() - seen.keys())) if found < len(held) else []
         ts, interval_s = float(ts), float(interval_s)  # as Decision.line() writes them
         marker = {"kind": "poll", "ts": ts, "poll": poll, "judged": len(seen), "changed": len(changed),
                   "left": len(left), "intervalS": interval_s, "fresh": fresh}  # fmt: skip

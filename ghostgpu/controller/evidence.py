@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
 
 from ghostgpu.config import ControllerConfig
@@ -45,7 +45,7 @@ def policy_from_config(cfg: ControllerConfig) -> VerdictPolicy:
     )
 
 
-@dataclass
+@dataclass(slots=True)
 class WorkloadState:
     """What the controller remembers about one workload (reset when its uid changes)."""
 
@@ -58,13 +58,13 @@ class WorkloadState:
     verdict_since: datetime | None = None
     escalated_for: VerdictKind | None = None  # escalate once per verdict, not every poll
     blocked_for: VerdictKind | None = None  # announce a PDB-blocked eviction once per verdict
-    pod_uids: frozenset[str] = field(default_factory=frozenset)
+    pod_uids: tuple[str, ...] = ()  # sorted; kept as is while the pods stay the same
 
     @classmethod
     def new(cls, uid: str, cfg: ControllerConfig) -> WorkloadState:
         return cls(
             uid=uid,
-            ring=UtilizationRing(size=max(cfg.long_window, cfg.window)),
+            ring=UtilizationRing.allocated(max(cfg.long_window, cfg.window)),
             artifacts=ArtifactHistory(size=cfg.window),
         )
 

@@ -20,7 +20,6 @@ over its pods, never written (`Workload.no_actuator`), and its reclaim is escala
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -42,6 +41,7 @@ from ghostgpu.controller.inventory import (
     slim_raw,
 )
 from ghostgpu.controller.kube import RESOURCE_OF_KIND, Reflector, ResourceType, status_of
+from ghostgpu.controller.packing import pack
 
 log = logging.getLogger("ghostgpu.controller.managers")
 
@@ -83,7 +83,7 @@ def manager_workload(a: Actuator, obj: Mapping[str, Any], is_gpu: GpuPredicate) 
         selector=None,
         volumes=0,
         gpus_per_pod=gpus,
-        raw_json=json.dumps(slim_raw(obj), separators=(",", ":")).encode(),
+        raw_packed=pack(slim_raw(obj)),
         owner=controller_owner(meta),
     )
 
@@ -107,7 +107,7 @@ def unactuated_workload(owner: OwnerRef, namespace: str, via: Workload | None) -
         selector=None,
         volumes=via.volumes if via else 0,
         gpus_per_pod=dict(via.gpus_per_pod) if via else {},
-        raw_json=json.dumps(raw, separators=(",", ":")).encode(),
+        raw_packed=pack(raw),
         no_actuator=True,
     )
 
@@ -157,7 +157,7 @@ class Resolver:
         by_target: dict[tuple[str, str, str], WorkloadRef] = {}
         for ref, wl in managers.items():
             if ref.kind == KEDA_SCALED_OBJECT:
-                target = (json.loads(wl.raw_json).get("spec") or {}).get("scaleTargetRef") or {}
+                target = (wl.raw.get("spec") or {}).get("scaleTargetRef") or {}
                 kind = str(target.get("kind") or "Deployment")
                 by_target[(kind, ref.namespace, str(target.get("name", "")))] = ref
         out: dict[WorkloadRef, Workload] = {}

@@ -275,20 +275,26 @@ class Reconciler:
     ) -> dict[WorkloadRef, tuple[Workload, list[PodView], WorkloadState]]:
         opted_in = {ns for ns, labels in snap.namespaces.items() if namespace_opted_in(labels)}
         workloads = {ref: wl for ref, wl in snap.workloads.items() if ref.namespace in opted_in}
-        pods_of = result.pods_of = pods_by_workload(workloads, snap.pods, snap.top_of)
         # Namespaces that opted out, deleted workloads: forget them entirely.
         for ref in list(self.states):
             if ref not in workloads:
                 del self.states[ref]
                 self.reclaimed_pods.pop(ref, None)
+        # New workloads' states first, before this poll's short-lived objects: made in one run
+        # they share memory pages with each other, not with garbage, and a start with 50,000
+        # workloads leaves ~50 MB less memory behind that Python cannot give back.
+        for ref, wl in workloads.items():
+            st = self.states.get(ref)
+            if st is None or st.uid != wl.uid:
+                self.states[ref] = WorkloadState.new(wl.uid, self.cfg)
+        pods_of = result.pods_of = pods_by_workload(workloads, snap.pods, snap.top_of)
         out: dict[WorkloadRef, tuple[Workload, list[PodView], WorkloadState]] = {}
         grace = self.cfg.startup_grace.seconds
         # Sorted by (kind, namespace, name): WorkloadRef is a tuple, compared in C.
         for ref, wl in sorted(workloads.items(), key=itemgetter(0)):
-            st = self.states.get(ref)
-            if st is None or st.uid != wl.uid:
-                st = self.states[ref] = WorkloadState.new(wl.uid, self.cfg)
-            running = [p for p in pods_of[ref] if p.running]
+            st = self.states[ref]
+            pods = pods_of[ref]
+            running = pods if all(p.running for p in pods) else [p for p in pods if p.running]
             if wl.exempt:
                 result.states["exempt"] += 1
                 st.reset_window()
@@ -313,10 +319,11 @@ class Reconciler:
                 result.states["grace"] += 1
                 st.reset_window()
                 continue
-            pod_uids = frozenset(p.uid for p in running)
-            if st.pod_uids and pod_uids != st.pod_uids:
-                st.reset_window()  # pods were replaced: their history is not this window's
-            st.pod_uids = pod_uids
+            pod_uids = tuple(sorted(p.uid for p in running))
+            if pod_uids != st.pod_uids:
+                if st.pod_uids:
+                    st.reset_window()  # pods were replaced: their history is not this window's
+                st.pod_uids = pod_uids  # only on a change: no new object per workload per poll
             st.artifact_target = self._artifact_target(wl)
             out[ref] = (wl, running, st)
         return out
@@ -445,7 +452,7 @@ class Reconciler:
             st.last_verdict = verdict.kind
             gpus = sum(wl.gpus_per_pod.values()) * len(pods)
             # Reasons are StrEnum members: equal to, and serialised as, their string values.
-            rows.append((str(ref), verdict.kind.value, verdict.reasons, gpus, p.action))
+            rows.append((ref, verdict.kind.value, verdict.reasons, gpus, p.action))
             if leader:
                 if verdict.kind not in RECLAIMABLE_KINDS:
                     st.escalated_for = st.blocked_for = None  # re-arm: a later ghost is announced again

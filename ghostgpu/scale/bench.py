@@ -371,7 +371,11 @@ def _floor(cfg: BenchConfig, spec: FleetSpec, n: int, prom_url: str) -> float:
     from ghostgpu.config import ControllerConfig
 
     controller = ControllerConfig.model_validate(controller_config(prom_url, cfg.window)["controller"])
-    qspec = QuerySpec.from_preset(controller.metrics.active, max_sample_age=controller.stale_after.seconds)
+    qspec = QuerySpec.from_preset(
+        controller.metrics.active,
+        max_sample_age=controller.stale_after.seconds,
+        zero_threshold=controller.zero_threshold,
+    )
     pods = [PodKey(spec.namespace(i), spec.pod(i)) for i in range(n)]
     body = httpx.post(
         f"{prom_url}/api/v1/query", data={"query": build_query(qspec, pods)}, timeout=120

@@ -141,10 +141,14 @@ class PrometheusFaultProxy:
                 keep = keep[1:]  # always lose at least one series
             body["data"]["result"] = keep
         else:
+            # What Prometheus answers when every pod's newest sample is an hour old: the query sends
+            # a stale pod its oldest sample's time (`ts`) instead of its reading (`util`).
             for r in result:
-                if r.get("metric", {}).get("ghostgpu_field") == "ts":
-                    t, v = r["value"]
-                    r["value"] = [t, str(float(v) - 3600)]
+                metric = r.get("metric", {})
+                if metric.get("ghostgpu_field") == "util":
+                    t, _ = r["value"]
+                    metric["ghostgpu_field"] = "ts"
+                    r["value"] = [t, str(float(t) - 3600)]
         return body
 
     @staticmethod

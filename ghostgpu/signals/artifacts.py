@@ -17,8 +17,7 @@ import asyncio
 import posixpath
 import re
 import threading
-from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -204,26 +203,27 @@ class S3ArtifactProbe:
             )
 
 
-@dataclass
+@dataclass(slots=True)
 class ArtifactHistory:
-    """One measurement (or failure) per poll for one workload, oldest first."""
+    """One measurement (or failure) per poll for one workload, oldest first. An exact-size tuple
+    (empty, the shared `()`, for the many workloads that declare no artifacts), not a deque."""
 
     size: int
-    _items: deque[Measurement | SignalFailure | None] = field(init=False)
-
-    def __post_init__(self) -> None:
-        self._items = deque(maxlen=self.size)
+    _items: tuple[Measurement | SignalFailure | None, ...] = ()
 
     def push(self, item: Measurement | SignalFailure | None) -> None:
         """`None` records a poll on which artifacts were not measured (window not yet zero)."""
-        self._items.append(item)
+        kept = self._items
+        if len(kept) >= self.size:
+            kept = kept[len(kept) - self.size + 1 :]
+        self._items = (*kept, item)
 
     def clear(self) -> None:
-        self._items.clear()
+        self._items = ()
 
     def observation(self, window: int) -> ArtifactObservation:
         """Window start = the measurement `window - 1` polls ago, window end = the newest one."""
-        items = list(self._items)
+        items = self._items
         if len(items) < window:
             return SignalFailure(reason=FailureReason.MISSING, detail="no measurement at window start yet")
         start, end = items[-window], items[-1]

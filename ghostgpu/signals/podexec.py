@@ -23,6 +23,7 @@ import http
 import json
 import ssl
 import urllib.parse
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -136,6 +137,10 @@ class KubeExec:
         self.api = api
         self._endpoint: _Endpoint | None = None
         self._endpoint_key: tuple[Any, ...] = ()
+        # Awaited just before the request is sent, once the connection is up (a client-side rate
+        # limit: the apiserver sees the request when the limiter let it go, not a TLS handshake
+        # later). The exec's own timeout starts after it.
+        self.admit: Callable[[], Awaitable[None]] | None = None
 
     async def run(self, pod: PodRef, argv: tuple[str, ...], *, timeout: float) -> ExecResult:
         stream = ExecStream()
@@ -147,16 +152,24 @@ class KubeExec:
             "stdin": "false",
         }
         try:
-            async with asyncio.timeout(timeout):
+            async with asyncio.timeout(timeout) as deadline:
+
+                async def admitted() -> None:
+                    if self.admit is not None:
+                        deadline.reschedule(None)  # the wait for the budget is not the exec's time
+                        await self.admit()
+                        deadline.reschedule(asyncio.get_running_loop().time() + timeout)
+
                 endpoint = await self._direct_endpoint()
                 if endpoint is None:
+                    await admitted()  # kr8s connects and sends in one step
                     await self._run_open_websocket(pod, params, stream)
                 else:
                     path = (
                         f"{endpoint.path_prefix}/api/v1/namespaces/{_seg(pod.namespace)}"
                         f"/pods/{_seg(pod.name)}/exec?{urllib.parse.urlencode(params, doseq=True)}"
                     )
-                    await _run_direct(endpoint, path, stream)
+                    await _run_direct(endpoint, path, stream, admitted)
         except TimeoutError as exc:
             raise ExecFailed(FailureReason.TIMEOUT, f"exec did not finish within {timeout}s") from exc
         except ExecFailed:
@@ -277,14 +290,18 @@ _READ_SIZE = 1 << 16
 _MAX_ERROR_BODY = 1 << 16
 
 
-async def _run_direct(endpoint: _Endpoint, path: str, stream: ExecStream) -> None:
-    """One exec: connect, upgrade to a v4 websocket, feed binary messages to `stream` until the
-    exit status. Raises ExecFailed for an HTTP rejection / an unexpected message; returns with
-    `stream` not done when the stream closes early (the caller reports that)."""
+async def _run_direct(
+    endpoint: _Endpoint, path: str, stream: ExecStream, admitted: Callable[[], Awaitable[None]] | None = None
+) -> None:
+    """One exec: connect, wait for `admitted`, upgrade to a v4 websocket, feed binary messages to
+    `stream` until the exit status. Raises ExecFailed for an HTTP rejection / an unexpected
+    message; returns with `stream` not done when the stream closes early (the caller reports that)."""
     reader, writer = await asyncio.open_connection(
         endpoint.host, endpoint.port, ssl=endpoint.ssl, server_hostname=endpoint.server_hostname
     )
     try:
+        if admitted is not None:
+            await admitted()
         ws = wsproto.WSConnection(wsproto.ConnectionType.CLIENT)
         writer.write(
             ws.send(

@@ -15,6 +15,7 @@ from ghostgpu.config import ControllerConfig
 from ghostgpu.controller.decisions import Decision
 from ghostgpu.controller.evidence import WorkloadState, assemble
 from ghostgpu.controller.inventory import WorkloadRef, cached_pod, gpu_predicate, pod_view, workload_from
+from ghostgpu.controller.packing import pack
 from ghostgpu.controller.planner import manifest_lines
 from ghostgpu.signals.faults import fault_observation, workload_faults
 from ghostgpu.verdict import (
@@ -77,11 +78,11 @@ def test_workload_raw_is_slim_but_keeps_what_is_read() -> None:
     assert wl.raw["spec"] == obj["spec"]
     # the risk score's manifest size is unchanged (it dropped status and managedFields itself)
     full = workload_from("Pod", obj, IS_GPU)
-    object.__setattr__(full, "raw_json", json.dumps(obj).encode())
+    object.__setattr__(full, "raw_packed", pack(obj))
     assert manifest_lines(wl) == manifest_lines(full)
     assert "managedFields" in obj["metadata"] and "status" in obj  # the input is not mutated
-    # kept as compact bytes; every read is a fresh copy (a caller cannot corrupt the cache)
-    assert isinstance(wl.raw_json, bytes) and len(wl.raw_json) < len(json.dumps(obj))
+    # kept packed, a fraction of its JSON; every read is a fresh copy (a caller cannot corrupt the cache)
+    assert isinstance(wl.raw_packed, bytes) and len(wl.raw_packed) < len(json.dumps(obj)) / 3
     wl.raw["metadata"]["name"] = "changed"
     assert wl.raw["metadata"]["name"] == "p"
 

@@ -723,3 +723,35 @@ async def test_many_concurrent_execs_each_get_their_own_result(apiserver: FakeAp
     out = await ProcessSource(ex, concurrency=8, timeout=5).list_many(pods)
     assert not [v for v in out.values() if isinstance(v, SignalFailure)]
     assert len({v[0].command for v in out.values()}) == 20  # type: ignore[index]
+
+
+async def test_admission_waits_once_connected_and_before_the_timeout_starts(
+    apiserver: FakeApiserver, transport: str
+) -> None:
+    """A client-side rate limit (`admit`) lets the request go after the handshake (direct
+    transport; kr8s's transport connects and sends in one step, so there it waits first), and
+    the exec's timeout counts from there: a long wait for the budget is not an exec timeout."""
+    connections = 0
+    handle = apiserver.handle
+
+    async def counting(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal connections
+        connections += 1
+        await handle(reader, writer)
+
+    apiserver.handle = counting  # type: ignore[method-assign]
+    apiserver.server.close()
+    await apiserver.start()
+    at_admission: list[tuple[int, int]] = []
+    ex = await make_exec(kubeconfig(apiserver.url), transport)
+    connections = 0  # make_exec's own /version request, if any
+
+    async def admit() -> None:
+        await asyncio.sleep(0.05)  # let the server accept a connection already made
+        at_admission.append((connections, len(apiserver.seen)))
+        await asyncio.sleep(0.4)  # longer than the exec's timeout
+
+    ex.admit = admit
+    assert await ex.run(POD, PS_ARGV, timeout=0.3) == ExecResult(LISTING, "", 0)
+    assert at_admission == [(1 if transport == "direct" else 0, 0)]
+    assert len(apiserver.seen) == 1

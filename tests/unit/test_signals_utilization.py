@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from ghostgpu.config import MetricsConfig, MetricsPreset
 from ghostgpu.signals.prometheus import PrometheusClient, PrometheusError, parse_vector
@@ -98,7 +100,11 @@ async def poll(url: str, pods: list[PodKey], *, timeout: float = 2.0, spec: Quer
 
 def test_query_is_one_expression_that_does_not_grow_with_the_pods() -> None:
     q = build_query(SPEC, [A, B, C])
-    assert q.count("DCGM_FI_DEV_GPU_UTIL{") == 2  # value + timestamp over the same selector
+    # the reading (twice: as `util`, and as the zero filter of `fb`) and its timestamp (twice:
+    # fresh pods get `util`, stale pods `ts`), all over the same selector
+    assert q.count("DCGM_FI_DEV_GPU_UTIL{") == 4
+    assert q.count("min by (namespace, pod) (timestamp(DCGM_FI_DEV_GPU_UTIL{") == 2
+    assert ">= time() - 60)" in q and "< time() - 60," in q
     # namespaces are named (escaped), pods are not: the query does not grow with the fleet
     assert 'pod=~".+"' in q and "notebook-7f9c" not in q
     assert 'namespace=~"team-a|team-b"' in q
@@ -109,6 +115,8 @@ def test_query_is_one_expression_that_does_not_grow_with_the_pods() -> None:
     assert q.count(" or ") == 3
     assert "timestamp(DCGM_FI_DEV_GPU_UTIL{" in q
     assert "(sum by (namespace, pod) (DCGM_FI_DEV_FB_USED{" in q and ") * 1048576" in q
+    assert ") * 1048576) and on(namespace, pod) ((max by (namespace, pod) (DCGM_FI_DEV_GPU_UTIL{" in q
+    assert ")) <= 0)" in q
     assert '"ghostgpu_field", "fb"' in q
 
 
@@ -235,13 +243,36 @@ async def test_stale_sample_is_a_failure(prom: tuple[str, Canned]) -> None:
     assert out[B].utilization == 0.0
 
 
-async def test_value_without_timestamp_series_is_missing(prom: tuple[str, Canned]) -> None:
+async def test_series_kinds_the_query_sends_map_to_fresh_stale_missing_and_memory_asked_only_at_zero(
+    prom: tuple[str, Canned],
+) -> None:
+    """The query answers a fresh pod with `util` (no `ts`), a stale pod with `ts` only, and `fb`
+    only at or under the zero threshold; a pod with nothing is MISSING, never a zero."""
     url, canned = prom
+    canned.body = success(
+        series("util", "team-a", "train-0", 0.0),  # fresh, idle: its memory was asked for
+        series("fb", "team-a", "train-0", 1.0),
+        series("ts", "team-a", "notebook-7f9c", NOW - 300),  # stale: no reading at all
+        series("util", "team-b", "serve.v2-0", 55.0),  # fresh, busy: memory not asked
+    )
+    out = await poll(url, [A, B, C, PodKey("team-a", "gone-0")])
+    assert out[A].utilization == 0.0 and out[A].memory == 1
+    assert isinstance(out[B].utilization, SignalFailure) and out[B].utilization.reason is FailureReason.STALE
+    assert "300s old" in out[B].utilization.detail
+    assert out[C].utilization == 55.0
+    assert isinstance(out[C].memory, SignalFailure) and out[C].memory.reason is FailureReason.MISSING
+    gone = out[PodKey("team-a", "gone-0")].utilization
+    assert isinstance(gone, SignalFailure) and gone.reason is FailureReason.MISSING
+    # an idle pod whose `fb` series is absent has a missing memory reading, its utilization stands
     canned.body = success(series("util", "team-a", "train-0", 0.0))
     out = await poll(url, [A])
-    assert (
-        isinstance(out[A].utilization, SignalFailure) and out[A].utilization.reason is FailureReason.MISSING
+    assert out[A].utilization == 0.0
+    assert isinstance(out[A].memory, SignalFailure) and out[A].memory.reason is FailureReason.MISSING
+    # an answer carrying a stale `ts` beside a `util` is STALE: the timestamp is always checked
+    canned.body = success(
+        series("util", "team-a", "train-0", 0.0), series("ts", "team-a", "train-0", NOW - 61)
     )
+    assert (await poll(url, [A]))[A].utilization.reason is FailureReason.STALE  # type: ignore[union-attr]
 
 
 async def test_nan_reading_counts_as_missing(prom: tuple[str, Canned]) -> None:
@@ -348,3 +379,61 @@ def test_ring_keeps_last_k_oldest_first() -> None:
     ring.resize(5)
     assert len(ring) == 3 and ring.size == 5
     assert not UtilizationRing(size=5).newest_all_zero(5, 0.0)
+    ring.resize(2)
+    assert ring.samples == (0.0, SignalFailure(reason=FailureReason.MISSING))
+
+
+def test_rings_share_whole_percent_readings_and_allocate_their_slots_once() -> None:
+    """50,000 rings of 30 samples: a whole-percent reading is one shared float, not one per slot,
+    and a ring's slots are allocated once (nothing long-lived is allocated per poll)."""
+    a, b = UtilizationRing(size=30), UtilizationRing(size=30)
+    a.push(float("87"))
+    b.push(float("87"))
+    assert a.samples[-1] is b.samples[-1]
+    a.push(87.5)
+    assert a.samples == (87.0, 87.5)
+    store = a._slots
+    for v in range(40):
+        a.push(float(v))
+    assert a.samples == tuple(float(v) for v in range(10, 40)) and a._slots is store
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    size=st.integers(1, 8),
+    ops=st.lists(
+        st.one_of(
+            st.floats(0, 100).map(lambda v: ("push", v)),
+            st.just(("fail", None)),
+            st.just(("clear", None)),
+            st.integers(1, 8).map(lambda n: ("resize", n)),
+        ),
+        max_size=40,
+    ),
+    k=st.integers(0, 9),
+    threshold=st.sampled_from([0.0, 5.0, 50.0]),
+)
+def test_ring_behaves_as_the_last_size_samples(size: int, ops: list, k: int, threshold: float) -> None:
+    """The circular ring against the plain model: a list cut to its last `size` samples."""
+    ring, model = UtilizationRing(size=size), []
+    fail = SignalFailure(reason=FailureReason.MISSING)
+    for op, arg in ops:
+        if op == "push":
+            ring.push(arg)
+            model = [*model, arg][-ring.size :]
+        elif op == "fail":
+            ring.push(fail)
+            model = [*model, fail][-ring.size :]
+        elif op == "clear":
+            ring.clear()
+            model = []
+        else:
+            ring.resize(arg)
+            model = model[-arg:]
+        assert ring.samples == tuple(model) and len(ring) == len(model)
+    tail = model[-k:] if k else []
+    zeros = all(not isinstance(s, SignalFailure) and s <= threshold for s in tail)
+    expect = k > 0 and len(tail) == k and zeros
+    assert ring.newest_all_zero(k, threshold) == expect
+
+
