@@ -29,7 +29,7 @@ from ghostgpu.devcluster.nodes import GpuNodeSpec
 from ghostgpu.devcluster.paths import REPO_ROOT
 from ghostgpu.scale.exporter import start_metrics
 from ghostgpu.scale.fleet import GPUS_PER_NODE, FleetSpec, KubeHTTP, ensure_base, grow_pods
-from ghostgpu.signals.utilization import PodKey, QuerySpec, build_query
+from ghostgpu.signals.utilization import PodKey, QuerySpec, every_signal_query
 
 Log = Callable[[str], None]
 
@@ -366,8 +366,11 @@ async def _bench(cfg: BenchConfig, log: Log) -> list[SizeResult]:
 
 
 def _floor(cfg: BenchConfig, spec: FleetSpec, n: int, prom_url: str) -> float:
-    """The controller's own query (build_query over the N tracked pods), answered by the same
-    Prometheus; the floor is parsing and mapping that answer."""
+    """Every signal of the N tracked pods (utilization, sample time, GPU memory: three series per
+    pod, every_signal_query), answered by the same Prometheus; the floor is parsing and mapping
+    that answer. A fixed amount of work, not the controller's own query: the controller asks for
+    about one series per pod, and a floor that shrank with it would make a smaller answer look
+    like a slower controller."""
     from ghostgpu.config import ControllerConfig
 
     controller = ControllerConfig.model_validate(controller_config(prom_url, cfg.window)["controller"])
@@ -378,7 +381,7 @@ def _floor(cfg: BenchConfig, spec: FleetSpec, n: int, prom_url: str) -> float:
     )
     pods = [PodKey(spec.namespace(i), spec.pod(i)) for i in range(n)]
     body = httpx.post(
-        f"{prom_url}/api/v1/query", data={"query": build_query(qspec, pods)}, timeout=120
+        f"{prom_url}/api/v1/query", data={"query": every_signal_query(qspec, pods)}, timeout=120
     ).content
     return round(floor_of_poll(body, pods), 5)
 

@@ -437,3 +437,15 @@ def test_ring_behaves_as_the_last_size_samples(size: int, ops: list, k: int, thr
     assert ring.newest_all_zero(k, threshold) == expect
 
 
+
+
+def test_the_bench_floor_query_asks_every_signal_of_every_pod_unfiltered() -> None:
+    from ghostgpu.signals.utilization import every_signal_query
+
+    q = every_signal_query(SPEC, [A, B, C])
+    assert q.count(" or ") == 2 and " and on(" not in q and "time()" not in q
+    for kind in ("util", "ts", "fb"):
+        assert f'"ghostgpu_field", "{kind}"' in q
+    assert len(every_signal_query(SPEC, [PodKey("team-a", f"p{i}") for i in range(5000)])) == len(
+        every_signal_query(SPEC, [A])
+    )
