@@ -69,10 +69,10 @@ class RequestCounter:
 
         direct = podexec._run_direct
 
-        async def run_direct(endpoint: Any, path: str, stream: Any) -> None:
+        async def run_direct(endpoint: Any, path: str, stream: Any, *rest: Any) -> None:
             counter.counts["apiserver_exec"] += 1
             counter.by_verb["GET pods/exec"] += 1
-            await direct(endpoint, path, stream)
+            await direct(endpoint, path, stream, *rest)
 
         podexec._run_direct = run_direct  # type: ignore[assignment]
 
