@@ -63,7 +63,7 @@ class SizeResult:
     states: dict[str, int] = field(default_factory=dict)
     server_side: dict[str, float] = field(default_factory=dict)
     # The floor of one poll, measured in the same run on the same machine (floor_of_poll): CPU
-    # seconds to parse the one Prometheus answer for all N pods and map each sample to its pod.
+    # seconds to parse one Prometheus answer with every signal of all N pods and map each sample.
     floor_s: float | None = None
     # The first-verdict poll (poll K) against the apiserver budget, client and server side.
     first_verdict: dict[str, Any] = field(default_factory=dict)
@@ -118,8 +118,8 @@ rules:
 
 
 def floor_of_poll(body: bytes, pods: Sequence[tuple[str, str]], *, repeat: int = 5) -> float:
-    """The least a poll can do: parse the one Prometheus answer for all N pods (orjson) and map
-    each sample to its pod. CPU seconds of this thread, best of `repeat`."""
+    """The least a poll that reads every signal can do: parse one Prometheus answer for all N pods
+    (orjson) and map each sample to its pod. CPU seconds of this thread, best of `repeat`."""
     best = float("inf")
     for _ in range(repeat):
         t0 = time.thread_time()

@@ -48,8 +48,9 @@ def run_scale_command(
     )
     echo(markdown(results))
     echo(
-        "Against the floor of one poll, measured in the same run (parse the one Prometheus answer "
-        "for all N pods with orjson and map each sample to its pod; CPU seconds):\n"
+        "Against the floor of one poll, measured in the same run (parse one Prometheus answer with "
+        "every signal of all N pods, three series per pod, with orjson and map each sample to its "
+        "pod; CPU seconds):\n"
     )
     echo(floor_markdown(results))
     echo(
