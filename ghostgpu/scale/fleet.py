@@ -186,27 +186,25 @@ async def ensure_base(kube: KubeHTTP, spec: FleetSpec, table: Path, log: Any = p
     await kube.create("/apis/kwok.x-k8s.io/v1alpha1/clusterexecs", cluster_exec_body(spec, table))
     n = await kube.create_all(("/api/v1/nodes", node_body(spec, j)) for j in range(spec.nodes))
     log(f"[fleet] {n} kwok GPU nodes created")
-    try:
+
+    async def nodes_ready(timeout: float) -> None:
         await wait_for(
             lambda: _ready_nodes(kube),
             spec.nodes,
             what="kwok GPU nodes Ready with an address",
-            timeout=420,
+            timeout=timeout,
             log=log,
         )
+
+    try:
+        await nodes_ready(420)
     except TimeoutError:
         # kwok under this load has left some Ready nodes without `status.addresses` for good
         # (6,147 of 6,250 after 10 minutes in one run): give them the one address kwok gives
         # every node (--node-ip=127.0.0.1), so exec can be routed to their pods.
         fixed = await _address_nodes(kube)
         log(f"[fleet] gave {fixed} Ready nodes kwok's address")
-        await wait_for(
-            lambda: _ready_nodes(kube),
-            spec.nodes,
-            what="kwok GPU nodes Ready with an address",
-            timeout=300,
-            log=log,
-        )
+        await nodes_ready(300)
     # Pods need the namespace's default ServiceAccount (the controller-manager creates it).
     await wait_for(
         lambda: _service_accounts(kube, nss), len(nss), what="default ServiceAccounts", timeout=120, log=log
