@@ -61,6 +61,29 @@ async def test_burst_is_free_then_the_rate_holds_over_every_interval() -> None:
     assert b.granted == 130
 
 
+async def test_once_the_burst_is_spent_waiters_leave_in_batches_at_the_same_rate() -> None:
+    b, clock = budget(qps=20, burst=30, batch=8)
+    times: list[float] = []
+
+    async def one() -> None:
+        await b.acquire(Priority.PROBE)
+        times.append(clock.now)
+
+    await asyncio.gather(*(one() for _ in range(30 + 20)))
+    later = times[30:]
+    # 8 at 0.4 s, 8 at 0.8 s, then the last 4 as soon as 4 tokens are back (1.0 s): the same rate,
+    # in 3 wake-ups instead of 20
+    assert later == pytest.approx([0.4] * 8 + [0.8] * 8 + [1.0] * 4)
+    for i, start in enumerate(times):
+        for j in range(i, len(times)):
+            assert j - i + 1 <= 30 + 20 * (times[j] - start) + 1e-9
+    # a lone waiter is not held back for a batch: one token is enough
+    clock.now += 0.001
+    t0 = clock.now
+    await b.acquire(Priority.RECLAIM)
+    assert clock.now - t0 == pytest.approx((1 - 20 * 0.001) / 20)  # the rest of one token, 1/qps
+
+
 async def test_valuable_requests_are_served_first_and_in_arrival_order_within_a_priority() -> None:
     b, _ = budget(qps=10, burst=1)
     await b.acquire(Priority.VERDICT)  # the bucket is now empty: everything below queues
@@ -245,7 +268,8 @@ async def test_exec_waits_on_the_same_budget() -> None:
 
     ex = BudgetedExec(Exec(), b)
     await asyncio.gather(*(ex.run(PodRef("ns", f"p{i}", "c"), ("ps",), timeout=1) for i in range(6)))
-    assert runs == pytest.approx([0, 0, 0.25, 0.5, 0.75, 1.0])
+    # the burst, then batches as large as the bucket (2) at the rate of 4 per second
+    assert runs == pytest.approx([0, 0, 0.5, 0.5, 1.0, 1.0])
 
 
 MINIMAL = """
