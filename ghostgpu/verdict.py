@@ -435,11 +435,14 @@ def _window_case(
     k = policy.effective_window
     if len(samples) < k:
         return VerdictKind.UNKNOWN, Reason.INSUFFICIENT_SAMPLES
-    window = samples[-k:]
-    if any(isinstance(s, SignalFailure) for s in window):
-        return VerdictKind.UNKNOWN, Reason.UTILIZATION_FAILED
     threshold = policy.zero_threshold
-    if not all(_is_zero(s, threshold) for s in window):
+    nonzero = False
+    for s in samples[-k:]:  # one plain loop: this runs for every workload on every poll
+        if isinstance(s, SignalFailure):
+            return VerdictKind.UNKNOWN, Reason.UTILIZATION_FAILED  # a failure outranks a reading
+        if s > threshold:
+            nonzero = True
+    if nonzero:
         return VerdictKind.ACTIVE, Reason.UTILIZATION_NONZERO
     return None
 

@@ -59,6 +59,7 @@ class WorkloadState:
     escalated_for: VerdictKind | None = None  # escalate once per verdict, not every poll
     blocked_for: VerdictKind | None = None  # announce a PDB-blocked eviction once per verdict
     pod_uids: tuple[str, ...] = ()  # sorted; kept as is while the pods stay the same
+    past_grace: bool = False  # these pods (pod_uids) are past the start-up grace
 
     @classmethod
     def new(cls, uid: str, cfg: ControllerConfig) -> WorkloadState:

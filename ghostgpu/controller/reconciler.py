@@ -85,6 +85,7 @@ from ghostgpu.verdict import (
     SignalFailure,
     Verdict,
     VerdictKind,
+    XidEvent,
     decide,
     window_verdict,
 )
@@ -313,18 +314,24 @@ class Reconciler:
                     st.reset_window()
                     continue
                 del self.reclaimed_pods[ref]  # new pods (restored, or scaled up by a person) or settled
-            starts = [p.started_at.timestamp() for p in running if p.started_at]
-            if wl.created_at:
-                starts.append(wl.created_at.timestamp())
-            if starts and now - max(starts) < grace:
-                result.states["grace"] += 1
-                st.reset_window()
-                continue
-            pod_uids = tuple(sorted(p.uid for p in running))
-            if pod_uids != st.pod_uids:
-                if st.pod_uids:
+            known = st.pod_uids
+            if len(running) == 1 and len(known) == 1 and known[0] == running[0].uid:
+                pass  # the same one pod as last poll (nearly every workload): no tuple to build
+            elif (pod_uids := tuple(sorted(p.uid for p in running))) != known:
+                if known:
                     st.reset_window()  # pods were replaced: their history is not this window's
                 st.pod_uids = pod_uids  # only on a change: no new object per workload per poll
+                st.past_grace = False
+            if not st.past_grace:
+                starts = [p.started_at.timestamp() for p in running if p.started_at]
+                if wl.created_at:
+                    starts.append(wl.created_at.timestamp())
+                if starts and now - max(starts) < grace:
+                    result.states["grace"] += 1
+                    st.reset_window()
+                    continue
+                # A pod's start time never changes: once past, these pods stay past the grace.
+                st.past_grace = True
             st.artifact_target = self._artifact_target(wl)
             out[ref] = (wl, running, st)
         return out
@@ -367,18 +374,22 @@ class Reconciler:
         for reading in readings.values():
             if isinstance(reading.utilization, SignalFailure):
                 self.metrics.signal_failures.labels("utilization", reading.utilization.reason.value).inc()
-        for _ref, (_wl, pods, st) in eligible.items():
-            st.ring.push(workload_sample(readings[PodKey(p.namespace, p.name)] for p in pods))
-
         # Processes only once the window is all zero; artifacts from the first zero sample on, so
         # that the window's start has a measurement by the time the window is complete.
         window, thr = self.cfg.window, self.cfg.zero_threshold
-        proc_refs = [r for r, (_, _, st) in eligible.items() if st.ring.newest_all_zero(window, thr)]
-        art_refs = [
-            r
-            for r, (_, _, st) in eligible.items()
-            if isinstance(st.artifact_target, FileTarget | S3Target) and st.ring.newest_all_zero(1, thr)
-        ]
+        proc_refs: list[WorkloadRef] = []
+        art_refs: list[WorkloadRef] = []
+        for r, (_wl, pods, st) in eligible.items():
+            if len(pods) == 1:  # one pod: its reading is the workload's (workload_sample of one)
+                p = pods[0]
+                st.ring.push(readings[PodKey(p.namespace, p.name)].utilization)
+            else:
+                st.ring.push(workload_sample(readings[PodKey(p.namespace, p.name)] for p in pods))
+            if st.ring.newest_all_zero(1, thr):
+                if st.ring.newest_all_zero(window, thr):
+                    proc_refs.append(r)
+                if isinstance(st.artifact_target, FileTarget | S3Target):
+                    art_refs.append(r)
         proc_pods = {r: self._probe_targets(eligible[r][1]) for r in proc_refs}
         flat = [p for lst in proc_pods.values() for p in lst]
         listings_task = asyncio.ensure_future(self.processes.list_many(flat))
@@ -420,7 +431,10 @@ class Reconciler:
         rows: list[DecisionRow] = []
         records: list[_Apply] = []  # verdict/annotation writes only, no action
         for ref, (wl, pods, st) in eligible.items():
-            xids = [x for p in pods for x in readings[PodKey(p.namespace, p.name)].xids]
+            if len(pods) == 1:
+                xids: Sequence[XidEvent] = readings[PodKey(pods[0].namespace, pods[0].name)].xids
+            else:
+                xids = [x for p in pods for x in readings[PodKey(p.namespace, p.name)].xids]
             faults = workload_faults([p.faults for p in pods], xids)
             if isinstance(faults, SignalFailure):
                 self.metrics.signal_failures.labels("faults", faults.reason.value).inc()
@@ -429,7 +443,11 @@ class Reconciler:
             # evidence is assembled only if it is written. Those with processes listed (an
             # all-zero window) take the whole of decide().
             evidence: Evidence | None = None
-            verdict = window_verdict(st.ring.samples, self.policy) if processes[ref] is None else None
+            verdict = (
+                window_verdict(st.ring.newest(self.policy.effective_window), self.policy)
+                if processes[ref] is None
+                else None
+            )
             if verdict is None:
                 # GPU memory is read where the processes are: only once the window is all zero
                 # (the verdict never looks at it otherwise).

@@ -152,8 +152,12 @@ async def test_exported_labels_and_hami_xid_labels_map_back_to_pods(prom: tuple[
 
 
 def test_query_rejects_a_name_that_could_inject_promql() -> None:
-    with pytest.raises(ValueError):
-        build_query(SPEC, [PodKey("team-a", 'x"} or vector(1) #')])
+    # Namespaces are written into the query: a name that is not a Kubernetes name is refused.
+    with pytest.raises(ValueError, match="namespace"):
+        build_query(SPEC, [PodKey('team-a"} or vector(1) #', "p")])
+    # Pod names never are (every pod is matched and filtered in the controller).
+    query = build_query(SPEC, [PodKey("team-a", 'x"} or vector(1) #')])
+    assert "vector(1)" not in query and 'namespace=~"team-a"' in query
 
 
 def test_spec_rejects_label_names_that_are_not_labels() -> None:
@@ -185,6 +189,23 @@ async def test_readings_per_pod_with_max_over_gpus_and_xids(prom: tuple[str, Can
     assert [(x.code, x.gpu) for x in out[B].xids] == [(79, "1")]
     assert len(canned.queries) == 1, "one HTTP query per poll"
     assert canned.queries[0]["time"] == [f"{NOW:.3f}"]
+
+
+async def test_a_pod_in_an_invalid_namespace_fails_alone_and_busy_readings_are_shared(
+    prom: tuple[str, Canned],
+) -> None:
+    url, canned = prom
+    canned.body = success(
+        series("util", "team-a", "train-0", 87.0),
+        series("util", "team-a", "notebook-7f9c", 87.0),
+    )
+    bad = PodKey("Team_A", "x")
+    out = await poll(url, [A, bad, B])
+    assert isinstance(out[bad].utilization, SignalFailure)
+    assert out[bad].utilization.detail == "invalid namespace name"
+    assert "Team_A" not in canned.queries[0]["query"][0]  # never written into the query
+    # Two busy pods with the same reading share one frozen object; values stay per pod.
+    assert out[A].utilization == out[B].utilization == 87.0 and out[A] is out[B]
 
 
 async def test_framebuffer_bytes_per_pod_and_workload_sum(prom: tuple[str, Canned]) -> None:
