@@ -407,6 +407,8 @@ async def _measure(
     t1 = time.time()
     q1, e1 = _prom_counter(prom_url, "/api/v1/query"), await _apiserver_exec_total(kube)
     crows = _rows(out)
+    failures = [(r["poll"], r.get("exec_failures")) for r in crows if r.get("exec_failures")]
+    log(f"[bench] N={n}: process-listing failures (poll, reason: count): {failures or 'none'}")
     mine, warm = summarise_controller(crows, cfg.window)
     first = crows[cfg.window - 1] if len(crows) >= cfg.window else {}
     first_verdict = {

@@ -199,11 +199,11 @@ async def ensure_base(kube: KubeHTTP, spec: FleetSpec, table: Path, log: Any = p
     try:
         await nodes_ready(420)
     except TimeoutError:
-        # kwok under this load has left some Ready nodes without `status.addresses` for good
-        # (6,147 of 6,250 after 10 minutes in one run): give them the one address kwok gives
-        # every node (--node-ip=127.0.0.1), so exec can be routed to their pods.
+        # kwok under this load has left some Ready nodes without `status.addresses` (and their
+        # kubelet port) for good (6,147 of 6,250 after 10 minutes in one run): give them what kwok
+        # gave the others (--node-ip=127.0.0.1, --node-port), so exec can reach their pods.
         fixed = await _address_nodes(kube)
-        log(f"[fleet] gave {fixed} Ready nodes kwok's address")
+        log(f"[fleet] gave {fixed} Ready nodes kwok's address and kubelet port")
         await nodes_ready(300)
     # Pods need the namespace's default ServiceAccount (the controller-manager creates it).
     await wait_for(
@@ -219,7 +219,7 @@ async def _ready_nodes(kube: KubeHTTP) -> int:
     return sum(
         1
         for n in nodes
-        if (n.get("status") or {}).get("addresses")
+        if _routable(n)
         and any(
             c.get("type") == "Ready" and c.get("status") == "True"
             for c in (n.get("status") or {}).get("conditions") or []
@@ -227,14 +227,27 @@ async def _ready_nodes(kube: KubeHTTP) -> int:
     )
 
 
+def _routable(node: dict[str, Any]) -> bool:
+    """An exec can reach the node's pods: an address and kwok's kubelet port (0 when unset)."""
+    status = node.get("status") or {}
+    port = ((status.get("daemonEndpoints") or {}).get("kubeletEndpoint") or {}).get("Port")
+    return bool(status.get("addresses")) and bool(port)
+
+
 async def _address_nodes(kube: KubeHTTP) -> int:
+    """Give every fleet node kwok left unroutable what kwok gave the others: its address and its
+    kubelet endpoint (the apiserver sends an exec to that port; without it, to port 0)."""
     nodes = await kube.list_all("/api/v1/nodes", {"labelSelector": f"{FLEET_LABEL}=true"})
-    missing = [n["metadata"]["name"] for n in nodes if not (n.get("status") or {}).get("addresses")]
+    done = next((n for n in nodes if _routable(n)), None)
+    if done is None:
+        raise TimeoutError("kwok has made no fleet node routable: nothing to copy its endpoint from")
+    endpoints = done["status"]["daemonEndpoints"]
+    missing = [n["metadata"]["name"] for n in nodes if not _routable(n)]
     for name in missing:
         addresses = [{"type": "InternalIP", "address": "127.0.0.1"}, {"type": "Hostname", "address": name}]
         r = await kube.client.patch(
             f"/api/v1/nodes/{name}/status",
-            content=json.dumps({"status": {"addresses": addresses}}),
+            content=json.dumps({"status": {"addresses": addresses, "daemonEndpoints": endpoints}}),
             headers={"Content-Type": "application/merge-patch+json"},
         )
         r.raise_for_status()

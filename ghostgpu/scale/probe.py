@@ -32,6 +32,7 @@ class Recorder:
         self.t0 = time.perf_counter()
         self.cpu0 = cpu_seconds()
         self._gc0: tuple[float, int] = (0.0, 0)
+        self.exec_failures, self.exec_failure_samples = {}, []
 
     gc_freeze = False  # EXPERIMENT, not the controller as shipped: gc.freeze() after sync/polls
     profile_from: int | None = None  # cProfile polls from this one on (`--profile`)
@@ -48,7 +49,17 @@ class Recorder:
             self.gc_s += time.process_time() - self._gc_t
             self.gc_full += info.get("generation") == 2
 
+    exec_failures: dict[str, int]
+    exec_failure_samples: list[str]
+
+    def failed_listing(self, pod: Any, failure: Any) -> None:
+        reason = str(failure.reason.value)
+        self.exec_failures[reason] = self.exec_failures.get(reason, 0) + 1
+        if len(self.exec_failure_samples) < 5:
+            self.exec_failure_samples.append(f"{pod.namespace}/{pod.name}: {reason}: {failure.detail}"[:300])
+
     def begin(self) -> None:
+        self.exec_failures, self.exec_failure_samples = {}, []
         self._gc0 = (self.gc_s, self.gc_full)
         if self.profile_from is not None and self.poll + 1 >= self.profile_from and self.profiler:
             self.profiler.enable()
@@ -87,6 +98,10 @@ class Recorder:
             "budgeted_requests": d.get("apiserver_exec", 0)
             + sum(v for k, v in by_verb.items() if not k.startswith("GET ") and not k.endswith(" leases")),
             "states": self.states,
+            # why process listings failed this poll (each is an UNKNOWN verdict): reason -> count,
+            # and the first few failures' pod and detail
+            "exec_failures": dict(sorted(self.exec_failures.items())),
+            "exec_failure_samples": self.exec_failure_samples,
             "gc_s": round(self.gc_s - self._gc0[0], 4),
             "gc_full_collections": self.gc_full - self._gc0[1],
             "process_cpu_s": round(cpu_seconds() - self.cpu0, 3),
@@ -149,6 +164,18 @@ def install(recorder: Recorder) -> None:
             recorder.states = dict(sorted(result.states.items()))
             return result
 
+    from ghostgpu.signals.processes import ProcessSource
+    from ghostgpu.verdict import SignalFailure
+
+    original_list = ProcessSource.list_processes
+
+    async def list_processes(self: Any, pod: Any) -> Any:
+        outcome = await original_list(self, pod)
+        if isinstance(outcome, SignalFailure):
+            recorder.failed_listing(pod, outcome)
+        return outcome
+
+    ProcessSource.list_processes = list_processes  # type: ignore[method-assign]
     app.Informers.snapshot = snapshot  # type: ignore[method-assign]
     app.Informers.wait_synced = wait_synced  # type: ignore[method-assign]
     app.accounting_from = accounting  # type: ignore[assignment]
