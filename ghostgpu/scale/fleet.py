@@ -235,16 +235,16 @@ def _routable(node: dict[str, Any]) -> bool:
 
 
 async def _address_nodes(kube: KubeHTTP) -> int:
-    """Give every fleet node kwok left unroutable what kwok gave the others: its address and its
-    kubelet endpoint (the apiserver sends an exec to that port; without it, to port 0)."""
+    """Give every fleet node kwok left unroutable what kwok gave the others: its addresses (one
+    InternalIP: a Hostname address would be tried first by the apiserver, and no DNS here knows
+    kwok's node names) and its kubelet endpoint (without it, an exec goes to port 0)."""
     nodes = await kube.list_all("/api/v1/nodes", {"labelSelector": f"{FLEET_LABEL}=true"})
     done = next((n for n in nodes if _routable(n)), None)
     if done is None:
         raise TimeoutError("kwok has made no fleet node routable: nothing to copy its endpoint from")
-    endpoints = done["status"]["daemonEndpoints"]
+    addresses, endpoints = done["status"]["addresses"], done["status"]["daemonEndpoints"]
     missing = [n["metadata"]["name"] for n in nodes if not _routable(n)]
     for name in missing:
-        addresses = [{"type": "InternalIP", "address": "127.0.0.1"}, {"type": "Hostname", "address": name}]
         r = await kube.client.patch(
             f"/api/v1/nodes/{name}/status",
             content=json.dumps({"status": {"addresses": addresses, "daemonEndpoints": endpoints}}),
