@@ -319,6 +319,7 @@ def summarise_naive(rows: list[dict[str, Any]], n: int) -> Side:
 async def _bench(cfg: BenchConfig, log: Log) -> list[SizeResult]:
     state = cfg.state_dir
     state.mkdir(parents=True, exist_ok=True)
+    spec = FleetSpec(nodes=cfg.nodes, idle_fraction=cfg.idle_fraction)
     cluster = DevCluster.up(
         state / "cluster",
         nodes=[GpuNodeSpec(name="cpu-0", gpus=0)],
@@ -326,8 +327,6 @@ async def _bench(cfg: BenchConfig, log: Log) -> list[SizeResult]:
         log=log,
         audit_policy=AUDIT_POLICY,
     )
-    kwok_port = cluster.state.ports["kwok"]
-    spec = FleetSpec(nodes=cfg.nodes, idle_fraction=cfg.idle_fraction, kubelet_port=kwok_port)
     fleet_file = state / "fleet.json"
     fleet_file.write_text("[]")
     metric_procs, exporter_url, prom_url = start_metrics(state, fleet_file)

@@ -39,9 +39,6 @@ class FleetSpec:
     nodes: int = 1250  # 1,250 x 8 GPUs = 10,000 GPUs: every pod of the largest fleet fits
     namespaces: int = 20
     idle_fraction: float = 0.02
-    # kwok's kubelet port (its --node-port); when set, nodes are created with kwok's address and
-    # this port already in their status (see node_body)
-    kubelet_port: int = 0
 
     @property
     def stride(self) -> int:
@@ -123,14 +120,7 @@ def node_body(spec: FleetSpec, j: int) -> dict[str, Any]:
         taints=[Taint(key="nvidia.com/gpu", value="present")],
         pods=16,
     )
-    body = node_manifest(node)
-    if spec.kubelet_port:
-        # What kwok's node-initialize stage would write (--node-ip, --node-port), written at
-        # creation: at 6,250 nodes kwok left some without it, and its later status updates wrote
-        # its own view back over a patch made afterwards, so execs to their pods failed on and off.
-        body["status"]["addresses"] = [{"type": "InternalIP", "address": "127.0.0.1"}]
-        body["status"]["daemonEndpoints"] = {"kubeletEndpoint": {"Port": spec.kubelet_port}}
-    return body
+    return node_manifest(node)
 
 
 def pod_body(spec: FleetSpec, i: int) -> dict[str, Any]:

@@ -167,14 +167,3 @@ def test_the_audited_budget_target_allows_one_request_of_network_jitter() -> Non
         ]
 
     assert met(30.4) and met(31.0) and not met(32.5)
-
-
-def test_fleet_nodes_are_created_routable_when_kwoks_port_is_known() -> None:
-    from ghostgpu.scale.fleet import FleetSpec, node_body
-
-    status = node_body(FleetSpec(kubelet_port=41234), 7)["status"]
-    # only kwok's IP: a Hostname address would be tried first by the apiserver, and no DNS knows it
-    assert status["addresses"] == [{"type": "InternalIP", "address": "127.0.0.1"}]
-    assert status["daemonEndpoints"] == {"kubeletEndpoint": {"Port": 41234}}
-    assert status["capacity"]["nvidia.com/gpu"] == "8"
-    assert "addresses" not in node_body(FleetSpec(), 7)["status"]  # kwok fills them in itself
