@@ -188,8 +188,31 @@ def kwok_stage_config(stage_dir: Path, out: Path) -> Path:
     ]
     if not docs:
         raise ValueError(f"{stage_dir}: no kwok Stage documents found")
+    for d in docs:
+        if d["metadata"]["name"] == "node-initialize":
+            d["spec"]["next"]["statusTemplate"] = _keep_node_addresses(d["spec"]["next"]["statusTemplate"])
     out.write_text(yaml.safe_dump_all(docs, sort_keys=True))
     return out
+
+
+# kwok's node-initialize writes an address list of only the entry types it finds missing (and no
+# Hostname here: NodeName is empty), so a node it initialises again (Ready lost while kwok, loaded
+# by 50,000 pods, renewed its lease late) came back with no address, and every exec to its pods
+# failed ("no preferred addresses found") until a heartbeat 10-20 minutes later. Written instead
+# the way kwok's own heartbeat stage does it: the node's addresses as they are, else kwok's.
+_INIT_ADDRESSES = re.compile(r"\{\{ \$hasInternalIP := false \}\}.*?(?=\{\{ with NodePort \}\})", re.S)
+_KEPT_ADDRESSES = (
+    "addresses:\n{{ with .status.addresses }}\n{{ YAML . 1 }}\n{{ else }}\n"
+    "{{ with NodeIP }}\n- address: {{ . | Quote }}\n  type: InternalIP\n{{ end }}\n"
+    "{{ with NodeName }}\n- address: {{ . | Quote }}\n  type: Hostname\n{{ end }}\n{{ end }}\n\n"
+)
+
+
+def _keep_node_addresses(template: str) -> str:
+    kept, n = _INIT_ADDRESSES.subn(lambda _: _KEPT_ADDRESSES, template)
+    if n != 1:
+        raise ValueError("kwok's node-initialize stage changed: its addresses block was not found")
+    return kept
 
 
 # Kyverno's Helm chart defaults, minus the chart's own objects (nothing of Kyverno runs in-cluster).

@@ -12,6 +12,7 @@ from kubernetes import client
 from polling import eventually
 
 from ghostgpu.devcluster import DevCluster, FakeDcgmClient, ProcessRow, ProcessTables
+from ghostgpu.devcluster.nodes import GpuNodeSpec, node_manifest
 from ghostgpu.devcluster.paths import read_versions
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
@@ -69,6 +70,48 @@ def test_kwok_gpu_nodes_are_ready_with_gpu_and_mig_capacity(devcluster: DevClust
     assert mig.metadata.labels["nvidia.com/mig.config"] == "all-1g.10gb"
     assert [t.key for t in mig.spec.taints] == ["nvidia.com/mig"]
     assert "nvidia.com/gpu" not in mig.status.allocatable
+
+
+def test_a_node_kwok_initialises_again_keeps_its_address(devcluster: DevCluster) -> None:
+    """A node whose lease kwok renewed late (Ready lost, as under a 50,000-pod load) is initialised
+    again by kwok; it must keep its address, or every exec to its pods fails ("no preferred
+    addresses found"). kwok's own node-initialize stage dropped it (components.kwok_stage_config)."""
+    core = _core(devcluster)
+    name = "gpu-reinit-0"
+    core.create_node(node_manifest(GpuNodeSpec(name=name, gpus=8)))
+    try:
+
+        def ready() -> client.V1Node | None:
+            n = core.read_node(name)
+            conditions = n.status.conditions or []
+            return n if any(c.type == "Ready" and c.status == "True" for c in conditions) else None
+
+        def addressed() -> client.V1Node | None:
+            n = ready()
+            return n if n is not None and n.status.addresses else None
+
+        node = eventually(addressed, 60, "kwok to initialise the node")
+        addresses = [(a.type, a.address) for a in node.status.addresses]
+        assert ("InternalIP", "127.0.0.1") in addresses
+        # What the node-lifecycle controller writes when the lease is late: Ready -> Unknown.
+        conditions = [
+            {
+                "type": c.type,
+                "status": "Unknown" if c.type == "Ready" else c.status,
+                "reason": "NodeStatusUnknown",
+                "message": "Kubelet stopped posting node status.",
+                "lastHeartbeatTime": c.last_heartbeat_time.isoformat(),
+                "lastTransitionTime": c.last_transition_time.isoformat(),
+            }
+            for c in node.status.conditions
+        ]
+        core.patch_node_status(name, {"status": {"conditions": conditions}})
+        again = eventually(ready, 60, "kwok to initialise the node again")
+        assert [(a.type, a.address) for a in again.status.addresses] == addresses
+        port = node.status.daemon_endpoints.kubelet_endpoint.port
+        assert port and again.status.daemon_endpoints.kubelet_endpoint.port == port
+    finally:
+        core.delete_node(name)
 
 
 def test_gpu_pods_are_scheduled_onto_matching_kwok_nodes(devcluster: DevCluster, namespace: str) -> None:

@@ -135,6 +135,26 @@ def test_kueue_crds_get_a_conversion_webhook_only_where_kueue_patches_one(tmp_pa
     assert "conversion" not in by_name["resourceflavors.kueue.x-k8s.io"]["spec"]
 
 
+# kwok v0.8.0's node-initialize addresses block, abridged: only the entry types found missing.
+KWOK_INIT_TEMPLATE = """conditions: []
+{{ $hasInternalIP := false }}
+{{ range .status.addresses }}{{ if eq .type "InternalIP" }}{{ $hasInternalIP = true }}{{ end }}{{ end }}
+{{ if not $hasInternalIP }}
+addresses:
+{{ with NodeIP }}
+- address: {{ . | Quote }}
+  type: InternalIP
+{{ end }}
+{{ end }}
+{{ with NodePort }}
+daemonEndpoints:
+  kubeletEndpoint:
+    Port: {{ . }}
+{{ end }}
+phase: Running
+"""
+
+
 def test_kwok_stage_config_collects_node_and_pod_stages(tmp_path: Path) -> None:
     for sub, stage in (
         ("node/fast", "node-initialize"),
@@ -143,13 +163,30 @@ def test_kwok_stage_config_collects_node_and_pod_stages(tmp_path: Path) -> None:
     ):
         d = tmp_path / sub
         d.mkdir(parents=True)
-        (d / f"{stage}.yaml").write_text(yaml.safe_dump({"kind": "Stage", "metadata": {"name": stage}}))
+        doc = {"kind": "Stage", "metadata": {"name": stage}, "spec": {"next": {"statusTemplate": "{}"}}}
+        if stage == "node-initialize":
+            doc["spec"]["next"]["statusTemplate"] = KWOK_INIT_TEMPLATE
+        (d / f"{stage}.yaml").write_text(yaml.safe_dump(doc))
         (d / "kustomization.yaml").write_text("resources: []\n")
     out = components.kwok_stage_config(tmp_path, tmp_path / "kwok.yaml")
-    names = [d["metadata"]["name"] for d in yaml.safe_load_all(out.read_text())]
-    assert names == ["node-initialize", "hb", "pod-ready"]
+    docs = list(yaml.safe_load_all(out.read_text()))
+    assert [d["metadata"]["name"] for d in docs] == ["node-initialize", "hb", "pod-ready"]
+    # node-initialize now writes the node's addresses as they are (a second initialisation keeps
+    # them; the live check is test_cluster.py), else kwok's IP; the rest of the template stays.
+    init = docs[0]["spec"]["next"]["statusTemplate"]
+    assert "$hasInternalIP" not in init
+    assert "addresses:\n{{ with .status.addresses }}\n{{ YAML . 1 }}\n{{ else }}" in init
+    assert init.startswith("conditions: []\n") and init.endswith("phase: Running\n")
+    assert "daemonEndpoints:" in init
+    assert docs[1]["spec"]["next"]["statusTemplate"] == "{}"
     with pytest.raises(ValueError, match="no kwok Stage"):
         components.kwok_stage_config(tmp_path / "nothing", tmp_path / "x.yaml")
+    # a kwok whose template changed is told, not silently left dropping addresses
+    init_file = tmp_path / "node/fast/node-initialize.yaml"
+    init_file.write_text(yaml.safe_dump({"kind": "Stage", "metadata": {"name": "node-initialize"},
+                                         "spec": {"next": {"statusTemplate": "addresses: []"}}}))  # fmt: skip
+    with pytest.raises(ValueError, match="node-initialize stage changed"):
+        components.kwok_stage_config(tmp_path, tmp_path / "y.yaml")
 
 
 def test_node_manifest_carries_gpu_mig_labels_taints_and_kwok_annotation() -> None:
