@@ -10,7 +10,8 @@ ghostgpu/scale/fleet.py), then lists their processes the way a steady poll does:
 (how many waiters it releases at once once the bucket is empty); `--free` adds a run without a
 budget. Why it matters: at 50,000 pods a steady poll makes 500 execs, and the budget spreads them
 over 25 s; a process woken 20 times a second for one exec each pays more CPU per exec than one
-woken 2.5 times a second for 8 (measured 6.2 against 3.3 ms on a 2-core VM).
+woken 2.5 times a second for 8. On a 2-core VM: 4.30 ms one at a time, 2.30 ms in eights, 1.95 ms
+with no budget at all (the same execs back to back).
 """
 
 from __future__ import annotations
