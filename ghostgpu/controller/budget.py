@@ -12,7 +12,8 @@ every other client of the cluster. Real controllers keep a client-side budget (c
   concurrency) as soon as that many tokens are back, not one every 1/qps seconds. The rate and the
   bucket are the same; the process wakes about 2.5 times a second instead of 20, and each wake-up
   of a mostly idle process costs more CPU than the work it releases (cold caches, event-loop
-  rounds): 500 execs at 20 per second took 6.2 ms of CPU each one at a time, 3.3 ms in eights.
+  rounds): 200 execs at 20 per second took 4.3 ms of CPU each one at a time, 2.3 ms in eights
+  (benchmarks/bench_exec_budget.py).
 - Order: waiting requests are served by `Priority` (reclaims first, then escalations, exec probes,
   reclaimable findings, other verdict changes, reasons-only updates last; a first ACTIVE verdict is
   not written at all, see planner.plan), first come first served within one priority.
