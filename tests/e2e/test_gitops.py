@@ -514,7 +514,9 @@ async def test_faults_during_the_action_never_reclaim_falsely_nor_lose_records(
             rig.check_records(truth)
         assert rig.outcomes["tracked-b:gitops-unknown"] >= 5
         assert FaultyCluster.injected == {"conflict": 1, "deleted": 1}, FaultyCluster.injected
-        assert rig.outcomes["conflict:conflict"] == 1  # the 409: nothing written, judged again
+        # The injected 409: nothing written, judged again. kube-controller-manager's own status
+        # writes to the Deployment are real concurrent writers too and may add a 409 of their own.
+        assert rig.outcomes["conflict:conflict"] >= 1
         assert rig.outcomes["deleted:gone"] == 1 and rig.outcomes["deleted:scaled-to-zero"] == 0
         for name in ("tracked-a", "tracked-b"):
             assert rig.deployment(name).spec.replicas == 1, name  # 0 false reclaims
