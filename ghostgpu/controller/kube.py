@@ -165,7 +165,9 @@ class Reflector:
         params: dict[str, Any] = {
             "watch": "true",
             "allowWatchBookmarks": "true",
-            "timeoutSeconds": 240,
+            # Like client-go's reflector: 5-10 min at random, so the many watches of one controller
+            # do not all end (and resume) at once, and resume half as often as at a fixed 4 min.
+            "timeoutSeconds": random.randint(300, 600),
             "resourceVersion": self.resource_version,
         }
         if self.label_selector:

@@ -268,16 +268,19 @@ class OptionalReflector(Reflector):
     """A watch of a kind whose CRD may not be installed, or that the controller may not be allowed
     to list (RBAC rendered before the kind was added): a failed first list leaves the cache empty
     and synced (readiness does not wait for an operator the cluster does not run) and is tried
-    again every `recheck` seconds, so a CRD installed later is picked up. An empty cache is safe:
-    a pod whose owner is of a known kind but not in the cache is not judged at all."""
+    again after `recheck` seconds, then twice as long each time up to `max_recheck`, so a CRD
+    installed later is picked up within ten minutes while a kind the cluster never runs costs one
+    list per ten minutes, not one a minute for ever. An empty cache is safe: a pod whose owner is of
+    a known kind but not in the cache is not judged at all."""
 
-    def __init__(self, *args: Any, recheck: float = 60.0, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, recheck: float = 60.0, max_recheck: float = 600.0, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.recheck = recheck
+        self.recheck, self.max_recheck = recheck, max_recheck
 
     async def run(self) -> None:
         from kr8s._exceptions import ServerError
 
+        delay = self.recheck
         while True:
             try:
                 await self._list()
@@ -292,7 +295,8 @@ class OptionalReflector(Reflector):
                 )
                 self.store = {}
                 self.synced.set()
-                await asyncio.sleep(self.recheck)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, self.max_recheck)
         await super().run()  # listed once: the plain reflector lists again and watches from there
 
 

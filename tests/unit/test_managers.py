@@ -626,6 +626,34 @@ async def test_a_manager_kind_that_cannot_be_listed_is_empty_and_synced(code: in
     assert r.store == {} and len(calls) >= 2 and calls[0] == "rayclusters"
 
 
+async def test_an_absent_manager_kind_is_listed_again_less_and_less_often(monkeypatch: Any) -> None:
+    """A kind the cluster never runs: rechecked after 60 s, then twice as long each time up to 10 min."""
+    import asyncio
+
+    import httpx
+    from kr8s._exceptions import ServerError
+
+    from ghostgpu.controller.managers import OptionalReflector, resource_type
+
+    class Api:
+        def call_api(self, method: str, **kw: Any) -> Any:
+            resp = httpx.Response(404, request=httpx.Request("GET", "http://x"))
+            raise ServerError("HTTP 404", status="404", response=resp)
+
+    slept: list[float] = []
+
+    async def sleep(seconds: float) -> None:
+        slept.append(seconds)
+        if len(slept) == 7:
+            raise asyncio.CancelledError
+
+    monkeypatch.setattr(asyncio, "sleep", sleep)
+    r = OptionalReflector(Api(), resource_type(TABLE.by_kind["RayCluster"]))
+    with pytest.raises(asyncio.CancelledError):
+        await r.run()
+    assert slept == [60, 120, 240, 480, 600, 600, 600]
+
+
 # --- GPU-hours recovered: managers count like scaled workloads ------------------------------------
 
 # kind -> pods whose GPUs the stop frees: a RayCluster's worker replicas (its head has no GPU), a
