@@ -74,6 +74,30 @@ def test_floor_parses_and_maps_every_sample() -> None:
     assert 0 < small < big
 
 
+def test_floor_is_measured_without_the_benchs_own_garbage_collections() -> None:
+    """The floor is parsing and mapping; a collection over the bench's unrelated heap is not."""
+    import gc
+
+    import orjson
+
+    from ghostgpu.scale.bench import floor_of_poll
+
+    pods = [("ns", f"p{i}") for i in range(5000)]
+    result = [{"metric": {"namespace": ns, "pod": p}, "value": [1.0, "5"]} for ns, p in pods]
+    body = orjson.dumps({"data": {"result": result}})
+    collections: list[str] = []
+
+    def seen(phase: str, info: dict[str, int]) -> None:
+        collections.append(phase)
+
+    gc.callbacks.append(seen)
+    try:
+        floor_of_poll(body, pods)
+    finally:
+        gc.callbacks.remove(seen)
+    assert collections == [] and gc.isenabled()
+
+
 def test_budget_check_finds_the_largest_burst() -> None:
     from ghostgpu.scale.bench import budget_check
 
