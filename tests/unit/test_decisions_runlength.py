@@ -282,6 +282,24 @@ def test_rotation_does_not_split_runs(tmp_path: Path) -> None:
     assert rep.gpu_hours_would_reclaim == pytest.approx((21 - first) / 60)
 
 
+def test_a_first_poll_of_a_large_fleet_is_written_in_pieces_and_sized_exactly(tmp_path: Path) -> None:
+    """Every row changes on a first poll: the lines go out in chunks (not one joined text), and the
+    rotation is decided on exactly the bytes they take."""
+    rows = [(f"Deployment/ns/w{i}", "ACTIVE", ("utilization-nonzero",), 1.0, "none") for i in range(2500)]
+    log = DecisionLog(tmp_path / "a.jsonl")
+    assert log.record_poll(ts=T0, poll=1, mode="shadow", interval_s=60, rows=rows) == 2500
+    text = (tmp_path / "a.jsonl").read_text()
+    lines = text.splitlines()
+    assert text.endswith("\n") and len(lines) == 2501 and all(lines)
+    assert [json.loads(x)["workload"] for x in lines[1:]] == [r[0] for r in rows]
+    for slack, rotates in ((0, False), (-1, True)):
+        path = tmp_path / f"slack{slack}.jsonl"
+        path.write_text("\n\n")  # 2 bytes already there
+        log = DecisionLog(path, max_bytes=2 + len(text.encode()) + slack)
+        log.record_poll(ts=T0, poll=1, mode="shadow", interval_s=60, rows=rows)
+        assert log.rotated is not None and log.rotated.exists() is rotates
+
+
 def test_old_generation_then_run_length(tmp_path: Path) -> None:
     """An upgrade mid-history: `.1` in the old format, the current file run-length."""
     path = tmp_path / "d.jsonl"
