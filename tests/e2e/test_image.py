@@ -318,7 +318,7 @@ def test_image_controller_shadow_window(
             return sc.verdict("finished") == "FINISHED_IDLE" and sc.verdict("busy") in (None, "ACTIVE")
 
         try:
-            wait_for(judged, 60, "verdicts written by the containerised controller")
+            wait_for(judged, 120, "verdicts written by the containerised controller")
         except AssertionError as exc:
             verdicts = {n: sc.verdict(n) for n in sc.FLEET}
             raise AssertionError(f"{exc}: {verdicts}\n{ctl.log_path.read_text()[-4000:]}") from None
