@@ -123,8 +123,8 @@ def floor_of_poll(body: bytes, pods: Sequence[tuple[str, str]], *, repeat: int =
     (orjson) and map each sample to its pod. CPU seconds of this thread, best of `repeat`.
 
     With the garbage collector off: the answer's 150,000 new dicts at N = 50,000 set off collections
-    that scan whatever else the bench process holds, so with it on the same work measured
-    0.18-0.47 s by the size of an unrelated heap (and 0.42-0.59 s in earlier bench runs)."""
+    that scan whatever else the bench process holds: with it on, the same work measured 0.20-0.47 s
+    offline by the size of an unrelated heap (0.42-0.59 s in earlier bench runs); 0.18 s with it off."""
     best = float("inf")
     was_enabled = gc.isenabled()
     gc.disable()
