@@ -178,7 +178,7 @@ class DecisionLog:
         lines = [d.line() for d in decisions]
         if not lines:
             return
-        if self._full(sum(map(len, lines)) + len(lines)):
+        if self._full(lines):
             self._rotate()
         self._write(lines)
 
@@ -220,7 +220,7 @@ class DecisionLog:
         lines += [_row_line(ts, poll, r, mode, interval_s, checkpoint=False) for r in changed]
         lines += left_lines
         written = len(changed)
-        if self._full(sum(map(len, lines)) + len(lines)):  # ASCII (json.dumps): 1 byte per character
+        if self._full(lines):
             self._rotate()
             lines = [_dumps(marker)]
             lines += [_row_line(ts, poll, r, mode, interval_s, checkpoint=True) for r in seen.values()]
@@ -231,8 +231,10 @@ class DecisionLog:
         self._held, self._poll, self._mode = seen, poll, mode
         return written
 
-    def _full(self, incoming: int) -> bool:
+    def _full(self, lines: list[str]) -> bool:
+        """Would these lines, as _write writes them, take the file past max_bytes?"""
         assert self.path is not None
+        incoming = sum(map(len, lines)) + len(lines)  # ASCII (json.dumps): a byte per character, + "\n"
         try:
             return self.path.stat().st_size + incoming > self.max_bytes
         except FileNotFoundError:
