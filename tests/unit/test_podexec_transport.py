@@ -114,6 +114,7 @@ class Seen:
     target: str
     headers: dict[str, str]
     peer_cn: str | None
+    resumed: bool | None = None  # TLS only: the client resumed an earlier session
     client_events: list[wse.Event] = field(default_factory=list)
     eof: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -170,7 +171,8 @@ class FakeApiserver:
         cn = None
         if peercert:
             cn = next(v for rdn in peercert["subject"] for k, v in rdn if k == "commonName")
-        seen = Seen(target, headers, cn)
+        tls = writer.get_extra_info("ssl_object")
+        seen = Seen(target, headers, cn, tls.session_reused if tls is not None else None)
         self.seen.append(seen)
         peer = Peer(reader, writer, headers["sec-websocket-key"].encode())
         try:
@@ -628,6 +630,53 @@ async def test_client_certificate_auth(tls_apiserver: FakeApiserver, pki: Pki, t
     assert [s.peer_cn for s in tls_apiserver.seen] == ["ghostgpu-controller"] * 3
     assert not any("authorization" in s.headers for s in tls_apiserver.seen)
     assert loads <= 1  # the certificates are not re-read per exec
+
+
+async def test_tls_sessions_are_resumed_with_the_client_identity(
+    tls_apiserver: FakeApiserver, pki: Pki
+) -> None:
+    ex = await make_exec(tls_kubeconfig(tls_apiserver, pki))
+    for _ in range(4):
+        assert await ex.run(POD, PS_ARGV, timeout=5) == ExecResult(LISTING, "", 0)
+    assert [s.resumed for s in tls_apiserver.seen] == [False, True, True, True]
+    assert [s.peer_cn for s in tls_apiserver.seen] == ["ghostgpu-controller"] * 4
+
+
+async def test_a_server_that_forgets_its_sessions_gets_full_handshakes(
+    tls_apiserver: FakeApiserver, pki: Pki
+) -> None:
+    """A restarted apiserver (new ticket keys) refuses the kept session: the exec still works over a
+    full handshake and the next one resumes the new session. One that keeps refusing is not
+    offered a session any more (each offer costs a copy)."""
+    ex = await make_exec(tls_kubeconfig(tls_apiserver, pki))
+
+    def restart_with_new_keys() -> ssl.SSLContext:
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        ctx.load_cert_chain(pki.server_cert, pki.server_key)
+        ctx.load_verify_locations(pki.ca)
+        ctx.verify_mode = ssl.CERT_REQUIRED
+        return ctx
+
+    port = int(tls_apiserver.url.rsplit(":", 1)[1])
+
+    async def restart() -> None:
+        await tls_apiserver.stop()
+        tls_apiserver.server = await asyncio.start_server(
+            tls_apiserver.handle, "127.0.0.1", port, ssl=restart_with_new_keys()
+        )
+
+    await ex.run(POD, PS_ARGV, timeout=5)
+    await restart()
+    for _ in range(2):
+        assert (await ex.run(POD, PS_ARGV, timeout=5)).returncode == 0
+    assert [s.resumed for s in tls_apiserver.seen] == [False, False, True]
+    endpoint = ex._endpoint
+    assert endpoint is not None and endpoint.tls.session is not None
+    for _ in range(endpoint.tls.GIVE_UP_AFTER):
+        await restart()
+        assert (await ex.run(POD, PS_ARGV, timeout=5)).returncode == 0
+    assert endpoint.tls.offer() is None
+    assert [s.resumed for s in tls_apiserver.seen[3:]] == [False] * endpoint.tls.GIVE_UP_AFTER
 
 
 async def test_tls_server_name_is_used_for_verification(tls_apiserver: FakeApiserver, pki: Pki) -> None:
