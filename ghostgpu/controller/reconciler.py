@@ -460,12 +460,30 @@ class Reconciler:
                     st, window=self.cfg.window, processes=processes[ref], faults=faults, memory=memory
                 )
                 verdict = decide(evidence, self.policy)
-            recorded = _recorded(wl, pods)
-            # An owner with no actuator carries no verdict annotation (nothing is written to it):
-            # its previous verdict is this process's memory, so its Events follow verdict changes.
-            previous = st.last_verdict if wl.no_actuator else _verdict_of(recorded)
             team = snap.namespaces.get(ref.namespace, {}).get(keys.TEAM_LABEL)
-            p = plan(wl, verdict, previous, self.cfg, team=team, autonomy=self.autonomy)
+            memo = st.settled
+            if (
+                evidence is None
+                and memo is not None
+                and memo[0] is wl
+                and memo[1] is pods[0]
+                and memo[2] is verdict
+                and memo[3] == team
+            ):
+                # Settled by the window again, with the same cached objects: the same plan. plan()
+                # is pure for a verdict that is not reclaimable (no gate, no clock), and the
+                # recorded verdict is read from these very objects.
+                p, reasons_changed = memo[4], memo[5]
+            else:
+                recorded = _recorded(wl, pods)
+                # An owner with no actuator carries no verdict annotation (nothing is written to it):
+                # its previous verdict is this process's memory, so its Events follow verdict changes.
+                previous = st.last_verdict if wl.no_actuator else _verdict_of(recorded)
+                p = plan(wl, verdict, previous, self.cfg, team=team, autonomy=self.autonomy)
+                # An owner with no actuator gets no reasons-only update: nothing is written to it.
+                reasons_changed = not wl.no_actuator and _reasons_changed(recorded, verdict)
+                settles = evidence is None and len(pods) == 1 and not wl.no_actuator
+                st.settled = (wl, pods[0], verdict, team, p, reasons_changed) if settles else None
             result.judged[ref] = Judged(wl, pods, verdict, evidence, p)
             result.states[verdict.kind.value] += 1
             st.last_verdict = verdict.kind
@@ -475,10 +493,7 @@ class Reconciler:
             if leader:
                 if verdict.kind not in RECLAIMABLE_KINDS:
                     st.escalated_for = st.blocked_for = None  # re-arm: a later ghost is announced again
-                # An owner with no actuator gets no reasons-only update: nothing is written to it.
-                if p.action in _NO_ACTION and not (
-                    p.record or (not wl.no_actuator and _reasons_changed(recorded, verdict))
-                ):
+                if p.action in _NO_ACTION and not (p.record or reasons_changed):
                     continue  # most workloads on most polls: nothing to write, no apply() call
                 if evidence is None:  # settled by the window, and now written: the same evidence
                     evidence = assemble(st, window=self.cfg.window, processes=None, faults=faults)
@@ -990,7 +1005,16 @@ class Reconciler:
                 if j.verdict.kind in RECLAIMABLE_KINDS:
                     self.metrics.gpu_hours_reclaimable.labels(ref.namespace, flavor).inc(gpus * hours)
         self.metrics.set_ghosts(ghosts)
+        # Only a reclaimed workload holds GPUs free: one annotated by its reclaim or named in the
+        # ledger. Checked by those marks first: the rest of a large fleet costs two lookups each.
+        in_ledger = {ref_of_key(k) for k in self.ledger_entries}
+        everyone = None in in_ledger  # a shortened key names no workload for sure: check them all
         for ref, wl in snap.workloads.items():
+            ann = wl.annotations
+            if not (
+                everyone or keys.RECLAIMED_FROM in ann or RECLAIMED_FROM_RECORD in ann or ref in in_ledger
+            ):
+                continue
             pods = self.recovered_pods(wl)
             if pods:
                 gpus = sum(wl.gpus_per_pod.values()) * pods
