@@ -12,6 +12,7 @@ import json
 import math
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 from ghostgpu.config import ControllerConfig
 from ghostgpu.signals.artifacts import ArtifactHistory, ArtifactTarget
@@ -60,6 +61,9 @@ class WorkloadState:
     blocked_for: VerdictKind | None = None  # announce a PDB-blocked eviction once per verdict
     pod_uids: tuple[str, ...] = ()  # sorted; kept as is while the pods stay the same
     past_grace: bool = False  # these pods (pod_uids) are past the start-up grace
+    # The last poll's plan for a verdict its window settled, with what it was planned from
+    # (Reconciler.poll_once): (workload, pod, verdict, team, plan, reasons changed).
+    settled: tuple[Any, ...] | None = None
 
     @classmethod
     def new(cls, uid: str, cfg: ControllerConfig) -> WorkloadState:

@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from ghostgpu.config import ControllerConfig
+from ghostgpu.controller import reconciler as reconciler_module
 from ghostgpu.controller.decisions import DecisionLog, parse_lines, summarize
 from ghostgpu.controller.inventory import WorkloadRef, gpu_predicate, pod_view, workload_from
 from ghostgpu.controller.kube import AdmissionDenied, Conflict, NotFound, WouldMutate
@@ -957,3 +958,37 @@ async def test_verdict_writes_overlap_but_stay_bounded_and_ordered_per_workload(
     assert 1 < peak <= WRITE_CONCURRENCY
     for name in names:
         assert order.index(("patch", name)) < order.index(("event", name))
+
+
+async def test_a_busy_workload_is_planned_again_only_when_its_objects_or_verdict_change(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A workload its window keeps settling, with the same cached objects, keeps last poll's plan
+    (at 50,000 pods, plan() and the recorded-verdict reads were a per-workload cost of every poll);
+    a new verdict or a new object (an annotation written by anyone) is planned again."""
+    h = Harness(tmp_path)
+    h.add("busy", util=80.0)
+    planned: list[str] = []
+    real_plan = reconciler_module.plan
+
+    def counting_plan(wl: Any, *args: Any, **kwargs: Any) -> Any:
+        planned.append(wl.ref.name)
+        return real_plan(wl, *args, **kwargs)
+
+    monkeypatch.setattr(reconciler_module, "plan", counting_plan)
+    snap = h.snapshot()  # the watch caches' objects: the same ones while nothing changes
+    for _ in range(5):
+        result = await h.rec.poll_once(snap)
+        h.clock += 60
+    # warm-up UNKNOWN (polls 1-2: planned once), then ACTIVE from poll 3 on (planned once)
+    assert planned == ["busy", "busy"]
+    assert result.judged[WorkloadRef("Deployment", NS, "busy")].verdict.kind.value == "ACTIVE"
+    assert h.cluster.patches == []
+    # someone leaves a stale finding on it: a new object, planned again, and ACTIVE written back
+    h.objects[WorkloadRef("Deployment", NS, "busy")]["metadata"]["annotations"].update(
+        {"ghostgpu.io/verdict": "FINISHED_IDLE", "ghostgpu.io/evidence": '{"reasons":["no-processes"]}'}
+    )
+    await h.rec.poll_once(h.snapshot())
+    assert planned == ["busy"] * 3
+    assert h.verdict("busy") == "ACTIVE"
+    assert [ref.name for ref, _, _ in h.cluster.patches] == ["busy"]
