@@ -456,7 +456,26 @@ def window_verdict(samples: Sequence[UtilizationSample], policy: VerdictPolicy) 
     window is all zero (then only `decide()` on the whole evidence can tell). Lets a caller skip
     assembling the evidence of the many workloads that are plainly busy (or plainly unknown); the
     verdicts are shared immutable objects."""
-    settled = _window_case(samples, policy)
+    return _settled(_window_case(samples, policy), policy)
+
+
+def window_verdict_from_runs(count: int, ok_run: int, zero_run: int, policy: VerdictPolicy) -> Verdict | None:
+    """`window_verdict` of samples known by their runs (`UtilizationRing.runs`): `count` samples,
+    the newest `ok_run` of them readings, the newest `zero_run` readings at or under the policy's
+    zero threshold. The same answer without a pass over the samples."""
+    k = policy.effective_window
+    if count < k:
+        case: tuple[VerdictKind, Reason] | None = (VerdictKind.UNKNOWN, Reason.INSUFFICIENT_SAMPLES)
+    elif ok_run < k:
+        case = (VerdictKind.UNKNOWN, Reason.UTILIZATION_FAILED)  # a failure outranks a reading
+    elif zero_run >= k:
+        case = None
+    else:
+        case = (VerdictKind.ACTIVE, Reason.UTILIZATION_NONZERO)
+    return _settled(case, policy)
+
+
+def _settled(settled: tuple[VerdictKind, Reason] | None, policy: VerdictPolicy) -> Verdict | None:
     if settled is None:
         return None
     key = (policy.rule, *settled)

@@ -69,7 +69,7 @@ class WorkloadState:
     def new(cls, uid: str, cfg: ControllerConfig) -> WorkloadState:
         return cls(
             uid=uid,
-            ring=UtilizationRing.allocated(max(cfg.long_window, cfg.window)),
+            ring=UtilizationRing.allocated(max(cfg.long_window, cfg.window), cfg.zero_threshold),
             artifacts=ArtifactHistory(size=cfg.window),
         )
 

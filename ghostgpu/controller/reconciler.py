@@ -87,7 +87,7 @@ from ghostgpu.verdict import (
     VerdictKind,
     XidEvent,
     decide,
-    window_verdict,
+    window_verdict_from_runs,
 )
 
 log = logging.getLogger("ghostgpu.controller")
@@ -429,6 +429,7 @@ class Reconciler:
         if leader:
             await self._guard_reverts(snap)  # revert_guard.py: before any action of this poll
         rows: list[DecisionRow] = []
+        zero = self.policy.zero_threshold
         records: list[_Apply] = []  # verdict/annotation writes only, no action
         for ref, (wl, pods, st) in eligible.items():
             if len(pods) == 1:
@@ -444,9 +445,7 @@ class Reconciler:
             # all-zero window) take the whole of decide().
             evidence: Evidence | None = None
             verdict = (
-                window_verdict(st.ring.newest(self.policy.effective_window), self.policy)
-                if processes[ref] is None
-                else None
+                window_verdict_from_runs(*st.ring.runs(zero), self.policy) if processes[ref] is None else None
             )
             if verdict is None:
                 # GPU memory is read where the processes are: only once the window is all zero

@@ -364,11 +364,17 @@ class UtilizationRing:
     _slots: list[UtilizationSample | None] = field(default_factory=list)
     _next: int = 0  # the slot the next push writes
     _count: int = 0
+    # The runs ending at the newest sample, kept on push so that a window is judged without a pass
+    # over its samples (every workload, every poll): readings (no failure), and readings at or
+    # under `zero_threshold`. They may outgrow the ring; only min(run, count) is meaningful.
+    zero_threshold: float = 0.0
+    _ok_run: int = 0
+    _zero_run: int = 0
 
     @classmethod
-    def allocated(cls, size: int) -> UtilizationRing:
+    def allocated(cls, size: int, zero_threshold: float = 0.0) -> UtilizationRing:
         """A ring with its slots already allocated (see WorkloadState.new's caller)."""
-        return cls(size, [None] * size)
+        return cls(size, [None] * size, zero_threshold=zero_threshold)
 
     def push(self, sample: UtilizationSample) -> None:
         if type(sample) is float:
@@ -378,15 +384,21 @@ class UtilizationRing:
         self._slots[self._next] = sample
         self._next = (self._next + 1) % self.size
         self._count = min(self._count + 1, self.size)
+        if isinstance(sample, SignalFailure):
+            self._ok_run = self._zero_run = 0
+        else:
+            self._ok_run += 1
+            self._zero_run = 0 if sample > self.zero_threshold else self._zero_run + 1
 
     def resize(self, size: int) -> None:
         kept = self.newest(size)
         self.size, self._slots, self._next, self._count = size, [], 0, 0
+        self._ok_run = self._zero_run = 0
         for sample in kept:
             self.push(sample)
 
     def clear(self) -> None:
-        self._next = self._count = 0
+        self._next = self._count = self._ok_run = self._zero_run = 0
 
     @property
     def samples(self) -> tuple[UtilizationSample, ...]:
@@ -400,14 +412,28 @@ class UtilizationRing:
             return tuple(self._slots[start : start + k])  # type: ignore[arg-type]
         return tuple(self._slots[start:] + self._slots[: self._next])  # type: ignore[operator]
 
+    def runs(self, threshold: float) -> tuple[int, int, int]:
+        """(samples held, readings in a row, readings <= threshold in a row), each run ending at
+        the newest sample and at most the samples held."""
+        count = self._count
+        if threshold == self.zero_threshold:
+            return count, min(self._ok_run, count), min(self._zero_run, count)
+        ok = zero = 0  # another threshold than the ring keeps runs for: count them
+        for s in reversed(self.newest(count)):
+            if isinstance(s, SignalFailure):
+                break
+            ok += 1
+            if zero == ok - 1 and not s > threshold:
+                zero = ok
+        return count, ok, zero
+
     def newest_all_zero(self, k: int, threshold: float) -> bool:
         """True when the newest k samples exist, are readings, and are all <= threshold."""
         if k <= 0 or k > self._count:
             return False
-        for s in self.newest(k):  # noqa: SIM110 - a plain loop, no generator: runs per workload per poll
-            if isinstance(s, SignalFailure) or s > threshold:
-                return False
-        return True
+        if threshold == self.zero_threshold:
+            return self._zero_run >= k  # k <= count: the newest k pushes since the last clear
+        return self.runs(threshold)[2] >= k
 
     def __len__(self) -> int:
         return self._count

@@ -29,7 +29,15 @@ from ghostgpu.signals.utilization import (
     workload_memory,
     workload_sample,
 )
-from ghostgpu.verdict import FailureReason, GpuMemory, SignalFailure
+from ghostgpu.verdict import (
+    FailureReason,
+    GpuMemory,
+    Rule,
+    SignalFailure,
+    VerdictPolicy,
+    window_verdict,
+    window_verdict_from_runs,
+)
 
 NOW = 1_760_000_000.0
 SPEC = QuerySpec.from_preset(MetricsConfig().dcgm, max_sample_age=60)
@@ -433,10 +441,15 @@ def test_rings_share_whole_percent_readings_and_allocate_their_slots_once() -> N
     ),
     k=st.integers(0, 9),
     threshold=st.sampled_from([0.0, 5.0, 50.0]),
+    kept=st.sampled_from([0.0, 5.0, 50.0]),
 )
-def test_ring_behaves_as_the_last_size_samples(size: int, ops: list, k: int, threshold: float) -> None:
-    """The circular ring against the plain model: a list cut to its last `size` samples."""
-    ring, model = UtilizationRing(size=size), []
+def test_ring_behaves_as_the_last_size_samples(
+    size: int, ops: list, k: int, threshold: float, kept: float
+) -> None:
+    """The circular ring against the plain model: a list cut to its last `size` samples. Its
+    runs (kept on push for `kept`, counted for any other threshold) judge a window exactly as a
+    pass over the window's samples does."""
+    ring, model = UtilizationRing(size=size, zero_threshold=kept), []
     fail = SignalFailure(reason=FailureReason.MISSING)
     for op, arg in ops:
         if op == "push":
@@ -456,6 +469,10 @@ def test_ring_behaves_as_the_last_size_samples(size: int, ops: list, k: int, thr
     zeros = all(not isinstance(s, SignalFailure) and s <= threshold for s in tail)
     expect = k > 0 and len(tail) == k and zeros
     assert ring.newest_all_zero(k, threshold) == expect
+    for rule, window in ((Rule.GHOSTGPU, max(k, 1)), (Rule.WINDOW_UTIL, max(k, 1)), (Rule.SINGLE_UTIL, 3)):
+        policy = VerdictPolicy(rule=rule, window=window, zero_threshold=threshold)
+        by_pass = window_verdict(ring.newest(policy.effective_window), policy)
+        assert window_verdict_from_runs(*ring.runs(threshold), policy) is by_pass
 
 
 
