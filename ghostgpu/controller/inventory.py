@@ -367,6 +367,13 @@ def pods_by_workload(
     out: dict[WorkloadRef, list[PodView]] = {ref: [] for ref in workloads}
     resolve = top_of or owner_workload
     for pod in pods:
+        if pod.owner_kind is None:
+            # A bare pod is its own workload (what both resolvers answer), looked up by a plain
+            # tuple: a WorkloadRef's hash and equality, without a new namedtuple per pod per poll.
+            bare = workloads.get(("Pod", pod.namespace, pod.name))  # type: ignore[call-overload]
+            if bare is not None:
+                out[bare.ref].append(pod)
+            continue
         ref = resolve(pod)
         if ref is None or ref not in workloads:
             continue

@@ -382,7 +382,9 @@ class Reconciler:
         for r, (_wl, pods, st) in eligible.items():
             if len(pods) == 1:  # one pod: its reading is the workload's (workload_sample of one)
                 p = pods[0]
-                st.ring.push(readings[PodKey(p.namespace, p.name)].utilization)
+                # Looked up by a plain tuple: a PodKey's hash and equality, without a namedtuple
+                # per pod per poll (here and in poll_once).
+                st.ring.push(readings[(p.namespace, p.name)].utilization)  # type: ignore[index]
             else:
                 st.ring.push(workload_sample(readings[PodKey(p.namespace, p.name)] for p in pods))
             if st.ring.newest_all_zero(1, thr):
@@ -433,7 +435,7 @@ class Reconciler:
         records: list[_Apply] = []  # verdict/annotation writes only, no action
         for ref, (wl, pods, st) in eligible.items():
             if len(pods) == 1:
-                xids: Sequence[XidEvent] = readings[PodKey(pods[0].namespace, pods[0].name)].xids
+                xids: Sequence[XidEvent] = readings[(pods[0].namespace, pods[0].name)].xids  # type: ignore[index]
             else:
                 xids = [x for p in pods for x in readings[PodKey(p.namespace, p.name)].xids]
             faults = workload_faults([p.faults for p in pods], xids)
@@ -484,11 +486,12 @@ class Reconciler:
                 settles = evidence is None and len(pods) == 1 and not wl.no_actuator
                 st.settled = (wl, pods[0], verdict, team, p, reasons_changed) if settles else None
             result.judged[ref] = Judged(wl, pods, verdict, evidence, p)
-            result.states[verdict.kind.value] += 1
+            kind = verdict.kind.value
+            result.states[kind] += 1
             st.last_verdict = verdict.kind
             gpus = sum(wl.gpus_per_pod.values()) * len(pods)
             # Reasons are StrEnum members: equal to, and serialised as, their string values.
-            rows.append((ref, verdict.kind.value, verdict.reasons, gpus, p.action))
+            rows.append((ref, kind, verdict.reasons, gpus, p.action))
             if leader:
                 if verdict.kind not in RECLAIMABLE_KINDS:
                     st.escalated_for = st.blocked_for = None  # re-arm: a later ghost is announced again
