@@ -371,26 +371,36 @@ class Reconciler:
     ) -> tuple[dict[WorkloadRef, tuple[ProcessInfo, ...] | SignalFailure | None], dict[PodKey, PodReading]]:
         keys_ = [PodKey(p.namespace, p.name) for _, pods, _ in eligible.values() for p in pods]
         readings = await self.utilization.poll(keys_, now=now)
-        for reading in readings.values():
-            if isinstance(reading.utilization, SignalFailure):
-                self.metrics.signal_failures.labels("utilization", reading.utilization.reason.value).inc()
+        failed = self.metrics.signal_failures
         # Processes only once the window is all zero; artifacts from the first zero sample on, so
-        # that the window's start has a measurement by the time the window is complete.
+        # that the window's start has a measurement by the time the window is complete. One pass.
         window, thr = self.cfg.window, self.cfg.zero_threshold
         proc_refs: list[WorkloadRef] = []
         art_refs: list[WorkloadRef] = []
+        with_artifacts: list[tuple[WorkloadRef, WorkloadState]] = []
         for r, (_wl, pods, st) in eligible.items():
             if len(pods) == 1:  # one pod: its reading is the workload's (workload_sample of one)
                 p = pods[0]
                 # Looked up by a plain tuple: a PodKey's hash and equality, without a namedtuple
                 # per pod per poll (here and in poll_once).
-                st.ring.push(readings[(p.namespace, p.name)].utilization)  # type: ignore[index]
+                u = readings[(p.namespace, p.name)].utilization  # type: ignore[index]
+                if isinstance(u, SignalFailure):
+                    failed.labels("utilization", u.reason.value).inc()
+                st.ring.push(u)
             else:
-                st.ring.push(workload_sample(readings[PodKey(p.namespace, p.name)] for p in pods))
+                pod_readings = [readings[PodKey(p.namespace, p.name)] for p in pods]
+                for reading in pod_readings:
+                    if isinstance(reading.utilization, SignalFailure):
+                        failed.labels("utilization", reading.utilization.reason.value).inc()
+                st.ring.push(workload_sample(pod_readings))
+            target = st.artifact_target  # None for nearly every workload: no isinstance then
+            measured_here = target is not None and isinstance(target, FileTarget | S3Target)
+            if measured_here:
+                with_artifacts.append((r, st))
             if st.ring.newest_all_zero(1, thr):
                 if st.ring.newest_all_zero(window, thr):
                     proc_refs.append(r)
-                if isinstance(st.artifact_target, FileTarget | S3Target):
+                if measured_here:
                     art_refs.append(r)
         proc_pods = {r: self._probe_targets(eligible[r][1]) for r in proc_refs}
         flat = [p for lst in proc_pods.values() for p in lst]
@@ -409,12 +419,11 @@ class Reconciler:
                 no_listing += merged.reason is FailureReason.NO_LISTING
         self.metrics.no_listing.set(no_listing)
         measured = dict(zip(art_refs, measurements, strict=True))
-        for r, (_, _, st) in eligible.items():
-            if isinstance(st.artifact_target, FileTarget | S3Target):
-                m = measured.get(r)
-                st.artifacts.push(m)
-                if isinstance(m, SignalFailure):
-                    self.metrics.signal_failures.labels("artifacts", m.reason.value).inc()
+        for r, st in with_artifacts:  # a workload with an artifact target: its measurement, or none
+            m = measured.get(r)
+            st.artifacts.push(m)
+            if isinstance(m, SignalFailure):
+                failed.labels("artifacts", m.reason.value).inc()
         return processes, readings
 
     # --- the poll --------------------------------------------------------------------------------
