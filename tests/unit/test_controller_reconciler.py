@@ -992,3 +992,27 @@ async def test_a_busy_workload_is_planned_again_only_when_its_objects_or_verdict
     assert planned == ["busy"] * 3
     assert h.verdict("busy") == "ACTIVE"
     assert [ref.name for ref, _, _ in h.cluster.patches] == ["busy"]
+
+
+async def test_every_failed_signal_is_counted_once_per_poll(tmp_path: Path) -> None:
+    """ghostgpu_signal_failures_total: one per failed utilization reading (per pod), process
+    listing and artifact measurement in each poll; working signals count nothing."""
+    h = Harness(tmp_path)
+    h.add("busy", util=80.0)
+    h.add("broken", util=SignalFailure(reason=FailureReason.HTTP_ERROR))
+    h.add("hidden", table=ExecFailed(FailureReason.FORBIDDEN, "no exec"))
+    h.add("writer", table=FINISHED, ann={"ghostgpu.io/artifacts": "file:///data/ckpt"})
+
+    async def measure(pod: PodRef, target: Any) -> SignalFailure:
+        return SignalFailure(reason=FailureReason.TIMEOUT)
+
+    h.rec.files.measure = measure  # type: ignore[method-assign]
+    await h.polls(4)  # window 3: process listings in polls 3-4; artifacts from the first zero on
+
+    def failures(signal: str, reason: FailureReason) -> float:
+        return h.metrics.signal_failures.labels(signal, reason.value)._value.get()
+
+    assert failures("utilization", FailureReason.HTTP_ERROR) == 4
+    assert failures("processes", FailureReason.FORBIDDEN) == 2
+    assert failures("artifacts", FailureReason.TIMEOUT) == 4
+    assert failures("utilization", FailureReason.MISSING) == 0
