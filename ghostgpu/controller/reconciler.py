@@ -124,6 +124,9 @@ class Judged:
     # evidence is assembled only where it is used: verdict.window_verdict).
     evidence: Evidence | None
     plan: Plan
+    # verdict.kind's value, read once: an enum member's .value is a Python-level descriptor call,
+    # and the accounting reads it for every pod of every poll.
+    kind: str
 
 
 @dataclass
@@ -494,8 +497,8 @@ class Reconciler:
                 reasons_changed = not wl.no_actuator and _reasons_changed(recorded, verdict)
                 settles = evidence is None and len(pods) == 1 and not wl.no_actuator
                 st.settled = (wl, pods[0], verdict, team, p, reasons_changed) if settles else None
-            result.judged[ref] = Judged(wl, pods, verdict, evidence, p)
             kind = verdict.kind.value
+            result.judged[ref] = Judged(wl, pods, verdict, evidence, p, kind)
             result.states[kind] += 1
             st.last_verdict = verdict.kind
             gpus = sum(wl.gpus_per_pod.values()) * len(pods)
@@ -1009,11 +1012,12 @@ class Reconciler:
         }
         ghosts: Counter[tuple[str, str, str]] = Counter()
         for ref, j in result.judged.items():
+            reclaimable = j.kind in _RECLAIMABLE_VALUES
             for pod in j.pods:
                 flavor = flavors_by_node.get(pod.node_name or "", "unknown")
                 gpus = sum(pod.gpu_requests.values())
-                ghosts[(ref.namespace, flavor, j.verdict.kind.value)] += gpus
-                if j.verdict.kind in RECLAIMABLE_KINDS:
+                ghosts[(ref.namespace, flavor, j.kind)] += gpus
+                if reclaimable:
                     self.metrics.gpu_hours_reclaimable.labels(ref.namespace, flavor).inc(gpus * hours)
         self.metrics.set_ghosts(ghosts)
         # Only a reclaimed workload holds GPUs free: one annotated by its reclaim or named in the
@@ -1081,6 +1085,9 @@ WRITE_CONCURRENCY = 8
 # apply()'s arguments for one workload.
 _Apply = tuple[Workload, list[PodView], WorkloadState, Verdict, Evidence, Plan]
 
+# RECLAIMABLE_KINDS by value (Judged.kind): a str hashes in C, an enum member in Python.
+_RECLAIMABLE_VALUES = frozenset(k.value for k in RECLAIMABLE_KINDS)
+
 # Plans that do nothing beyond recording the verdict (see planner.ActionKind).
 _NO_ACTION = frozenset({"none", "would-reclaim", "disabled"})
 
@@ -1131,7 +1138,7 @@ def outside_kueue_buckets(
     out: dict[tuple[str, str], str] = {}
     for ref, wl in workloads.items():
         if ref in judged:
-            bucket = judged[ref].verdict.kind.value
+            bucket = judged[ref].kind
         elif wl.exempt:
             bucket = "EXEMPT"
         else:
