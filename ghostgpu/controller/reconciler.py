@@ -22,7 +22,7 @@ import json
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from operator import itemgetter
@@ -263,6 +263,19 @@ class Reconciler:
             self.ledger_entries.pop(key, None)
         log.info("pruned the replica ledger", extra={"removed": removed, "entries": sorted(stale)})
         return removed
+
+    def _reclaim_marked(
+        self, workloads: Mapping[WorkloadRef, Workload]
+    ) -> Iterator[tuple[WorkloadRef, Workload]]:
+        """The workloads a reclaim has marked: a reclaimed-from annotation or record, or a ledger
+        entry. Only they can hold GPUs free or be undone; the rest of a large fleet is passed over
+        with two lookups each, every poll."""
+        in_ledger = {ref_of_key(k) for k in self.ledger_entries}
+        everyone = None in in_ledger  # a shortened key names no workload for sure: all of them
+        for ref, wl in workloads.items():
+            ann = wl.annotations
+            if everyone or keys.RECLAIMED_FROM in ann or RECLAIMED_FROM_RECORD in ann or ref in in_ledger:
+                yield ref, wl
 
     def reclaimed_from(self, wl: Workload) -> int | None:
         """`reclaimed-from-replicas` from the workload's annotation, else from the ledger (an entry
@@ -838,7 +851,7 @@ class Reconciler:
         the cache shows running again are read fresh."""
         candidates = []
         opted_in = {ns for ns, labels in snap.namespaces.items() if namespace_opted_in(labels)}
-        for ref, wl in snap.workloads.items():
+        for ref, wl in self._reclaim_marked(snap.workloads):  # only these can be undone
             record = self.reclaimed_from(wl) if ref.namespace in opted_in else None
             if record is None and ref.namespace in opted_in and RECLAIMED_FROM_RECORD in wl.annotations:
                 # A manager's annotation or field stop: its record is the previous values (stops.py).
@@ -1020,16 +1033,7 @@ class Reconciler:
                 if reclaimable:
                     self.metrics.gpu_hours_reclaimable.labels(ref.namespace, flavor).inc(gpus * hours)
         self.metrics.set_ghosts(ghosts)
-        # Only a reclaimed workload holds GPUs free: one annotated by its reclaim or named in the
-        # ledger. Checked by those marks first: the rest of a large fleet costs two lookups each.
-        in_ledger = {ref_of_key(k) for k in self.ledger_entries}
-        everyone = None in in_ledger  # a shortened key names no workload for sure: check them all
-        for ref, wl in snap.workloads.items():
-            ann = wl.annotations
-            if not (
-                everyone or keys.RECLAIMED_FROM in ann or RECLAIMED_FROM_RECORD in ann or ref in in_ledger
-            ):
-                continue
+        for ref, wl in self._reclaim_marked(snap.workloads):  # only these hold GPUs free
             pods = self.recovered_pods(wl)
             if pods:
                 gpus = sum(wl.gpus_per_pod.values()) * pods
