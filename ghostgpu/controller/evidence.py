@@ -62,7 +62,7 @@ class WorkloadState:
     pod_uids: tuple[str, ...] = ()  # sorted; kept as is while the pods stay the same
     past_grace: bool = False  # these pods (pod_uids) are past the start-up grace
     # The last poll's plan for a verdict its window settled, with what it was planned from
-    # (Reconciler.poll_once): (workload, pod, verdict, team, plan, reasons changed).
+    # (Reconciler.poll_once): (workload, pod, verdict, team, plan, reasons changed, kind, GPUs).
     settled: tuple[Any, ...] | None = None
 
     @classmethod

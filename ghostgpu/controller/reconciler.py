@@ -66,7 +66,7 @@ from ghostgpu.signals.artifacts import (
     S3Target,
     parse_artifact_uri,
 )
-from ghostgpu.signals.faults import workload_faults
+from ghostgpu.signals.faults import NO_FAULTS, workload_faults
 from ghostgpu.signals.podexec import PodRef
 from ghostgpu.signals.processes import ProcessSource, merge_listings
 from ghostgpu.signals.utilization import (
@@ -457,13 +457,18 @@ class Reconciler:
             await self._guard_reverts(snap)  # revert_guard.py: before any action of this poll
         rows: list[DecisionRow] = []
         zero = self.policy.zero_threshold
+        teams = {ns: labels.get(keys.TEAM_LABEL) for ns, labels in snap.namespaces.items()}
         records: list[_Apply] = []  # verdict/annotation writes only, no action
         for ref, (wl, pods, st) in eligible.items():
             if len(pods) == 1:
                 xids: Sequence[XidEvent] = readings[(pods[0].namespace, pods[0].name)].xids  # type: ignore[index]
             else:
                 xids = [x for p in pods for x in readings[PodKey(p.namespace, p.name)].xids]
-            faults = workload_faults([p.faults for p in pods], xids)
+            faults = (
+                NO_FAULTS  # one pod, no terminations, no XID: nearly every workload on every poll
+                if not xids and len(pods) == 1 and pods[0].faults == ()
+                else workload_faults([p.faults for p in pods], xids)
+            )
             if isinstance(faults, SignalFailure):
                 self.metrics.signal_failures.labels("faults", faults.reason.value).inc()
             # Most workloads are plainly busy (or plainly unknown): their utilization window settles
@@ -486,7 +491,7 @@ class Reconciler:
                     st, window=self.cfg.window, processes=processes[ref], faults=faults, memory=memory
                 )
                 verdict = decide(evidence, self.policy)
-            team = snap.namespaces.get(ref.namespace, {}).get(keys.TEAM_LABEL)
+            team = teams.get(ref.namespace)
             memo = st.settled
             if (
                 evidence is None
@@ -499,7 +504,7 @@ class Reconciler:
                 # Settled by the window again, with the same cached objects: the same plan. plan()
                 # is pure for a verdict that is not reclaimable (no gate, no clock), and the
                 # recorded verdict is read from these very objects.
-                p, reasons_changed = memo[4], memo[5]
+                p, reasons_changed, kind, gpus = memo[4:]
             else:
                 recorded = _recorded(wl, pods)
                 # An owner with no actuator carries no verdict annotation (nothing is written to it):
@@ -508,17 +513,17 @@ class Reconciler:
                 p = plan(wl, verdict, previous, self.cfg, team=team, autonomy=self.autonomy)
                 # An owner with no actuator gets no reasons-only update: nothing is written to it.
                 reasons_changed = not wl.no_actuator and _reasons_changed(recorded, verdict)
+                kind = verdict.kind.value
+                gpus = sum(wl.gpus_per_pod.values()) * len(pods)
                 settles = evidence is None and len(pods) == 1 and not wl.no_actuator
-                st.settled = (wl, pods[0], verdict, team, p, reasons_changed) if settles else None
-            kind = verdict.kind.value
+                st.settled = (wl, pods[0], verdict, team, p, reasons_changed, kind, gpus) if settles else None
             result.judged[ref] = Judged(wl, pods, verdict, evidence, p, kind)
             result.states[kind] += 1
             st.last_verdict = verdict.kind
-            gpus = sum(wl.gpus_per_pod.values()) * len(pods)
             # Reasons are StrEnum members: equal to, and serialised as, their string values.
             rows.append((ref, kind, verdict.reasons, gpus, p.action))
             if leader:
-                if verdict.kind not in RECLAIMABLE_KINDS:
+                if kind not in _RECLAIMABLE_VALUES:
                     st.escalated_for = st.blocked_for = None  # re-arm: a later ghost is announced again
                 if p.action in _NO_ACTION and not (p.record or reasons_changed):
                     continue  # most workloads on most polls: nothing to write, no apply() call

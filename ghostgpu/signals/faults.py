@@ -81,7 +81,7 @@ def workload_faults(per_pod: Iterable[PodFaults], xids: Iterable[XidEvent]) -> F
         restarts.extend(faults)
     xid_events = tuple(xids)
     if not xid_events and not restarts:
-        return _NO_FAULTS  # the common case; frozen, so one shared instance is safe
+        return NO_FAULTS  # the common case; frozen, so one shared instance is safe
     return FaultEvidence(xid_events=xid_events, restarts=tuple(restarts))
 
 
@@ -92,4 +92,4 @@ def fault_observation(
     return workload_faults((pod_faults(s) for s in pod_statuses), xids)
 
 
-_NO_FAULTS = FaultEvidence()
+NO_FAULTS = FaultEvidence()  # no termination, no XID
