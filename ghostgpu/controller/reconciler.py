@@ -292,11 +292,6 @@ class Reconciler:
     ) -> dict[WorkloadRef, tuple[Workload, list[PodView], WorkloadState]]:
         opted_in = {ns for ns, labels in snap.namespaces.items() if namespace_opted_in(labels)}
         workloads = {ref: wl for ref, wl in snap.workloads.items() if ref.namespace in opted_in}
-        # Namespaces that opted out, deleted workloads: forget them entirely.
-        for ref in list(self.states):
-            if ref not in workloads:
-                del self.states[ref]
-                self.reclaimed_pods.pop(ref, None)
         # New workloads' states first, before this poll's short-lived objects: made in one run
         # they share memory pages with each other, not with garbage, and a start with 50,000
         # workloads leaves ~50 MB less memory behind that Python cannot give back.
@@ -304,6 +299,11 @@ class Reconciler:
             st = self.states.get(ref)
             if st is None or st.uid != wl.uid:
                 self.states[ref] = WorkloadState.new(wl.uid, self.cfg)
+        if len(self.states) > len(workloads):  # every workload has its state: some have left
+            # Namespaces that opted out, deleted workloads: forget them entirely.
+            for ref in [r for r in self.states if r not in workloads]:
+                del self.states[ref]
+                self.reclaimed_pods.pop(ref, None)
         pods_of = result.pods_of = pods_by_workload(workloads, snap.pods, snap.top_of)
         out: dict[WorkloadRef, tuple[Workload, list[PodView], WorkloadState]] = {}
         grace = self.cfg.startup_grace.seconds

@@ -1016,3 +1016,19 @@ async def test_every_failed_signal_is_counted_once_per_poll(tmp_path: Path) -> N
     assert failures("processes", FailureReason.FORBIDDEN) == 2
     assert failures("artifacts", FailureReason.TIMEOUT) == 4
     assert failures("utilization", FailureReason.MISSING) == 0
+
+
+async def test_deleted_workloads_and_opted_out_namespaces_are_forgotten(tmp_path: Path) -> None:
+    h = Harness(tmp_path)
+    for name in ("a", "b"):
+        h.add(name, util=80.0)
+    await h.polls(2)
+    ref_a, ref_b = (WorkloadRef("Deployment", NS, n) for n in ("a", "b"))
+    assert set(h.rec.states) == {ref_a, ref_b}
+    del h.objects[ref_b]
+    h.pods[:] = [p for p in h.pods if p["metadata"]["labels"]["app"] != "b"]
+    await h.polls(1)
+    assert set(h.rec.states) == {ref_a} and len(h.rec.states[ref_a].ring) == 3
+    h.namespaces[NS] = {}  # opted out
+    await h.polls(1)
+    assert h.rec.states == {}
