@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import http
 import ipaddress
 import json
@@ -151,13 +152,6 @@ class KubeExec:
 
     async def run(self, pod: PodRef, argv: tuple[str, ...], *, timeout: float) -> ExecResult:
         stream = ExecStream()
-        params: dict[str, str | list[str]] = {
-            "command": list(argv),
-            "container": pod.container,
-            "stdout": "true",
-            "stderr": "true",
-            "stdin": "false",
-        }
         try:
             async with asyncio.timeout(timeout) as deadline:
 
@@ -170,11 +164,11 @@ class KubeExec:
                 endpoint = await self._direct_endpoint()
                 if endpoint is None:
                     await admitted()  # kr8s connects and sends in one step
-                    await self._run_open_websocket(pod, params, stream)
+                    await self._run_open_websocket(pod, _exec_params(argv, pod.container), stream)
                 else:
                     path = (
                         f"{endpoint.path_prefix}/api/v1/namespaces/{_seg(pod.namespace)}"
-                        f"/pods/{_seg(pod.name)}/exec?{urllib.parse.urlencode(params, doseq=True)}"
+                        f"/pods/{_seg(pod.name)}/exec?{_exec_query(argv, pod.container)}"
                     )
                     await _run_direct(endpoint, path, stream, admitted)
         except TimeoutError as exc:
@@ -242,6 +236,22 @@ class KubeExec:
             raise _first_leaf(group) from None
 
 
+def _exec_params(argv: tuple[str, ...], container: str) -> dict[str, str | list[str]]:
+    return {
+        "command": list(argv),
+        "container": container,
+        "stdout": "true",
+        "stderr": "true",
+        "stdin": "false",
+    }
+
+
+@functools.lru_cache(maxsize=256)
+def _exec_query(argv: tuple[str, ...], container: str) -> str:
+    """The exec's query string: the same few commands and container names over and over."""
+    return urllib.parse.urlencode(_exec_params(argv, container), doseq=True)
+
+
 def _first_leaf(group: BaseExceptionGroup) -> BaseException:
     exc: BaseException = group
     while isinstance(exc, BaseExceptionGroup):
@@ -262,6 +272,7 @@ class _Endpoint:
     authority: str  # the Host header
     path_prefix: str  # a server URL's path (an apiserver behind a path-routing gateway), no trailing /
     headers: tuple[tuple[bytes, bytes], ...]
+    family: socket.AddressFamily | None  # the host is an IP address of this family; None: a name
     tls: _TlsResumption = field(default_factory=lambda: _TlsResumption(), compare=False)
 
 
@@ -313,7 +324,14 @@ async def _endpoint_for(session: httpx.AsyncClient, auth: Any) -> _Endpoint | No
         for name in ("authorization", "user-agent")
         if name in session.headers
     ]
+    try:
+        family: socket.AddressFamily | None = (
+            socket.AF_INET6 if ipaddress.ip_address(url.host).version == 6 else socket.AF_INET
+        )
+    except ValueError:
+        family = None
     return _Endpoint(
+        family=family,
         host=url.host,
         port=url.port or (443 if url.scheme == "https" else 80),
         ssl=ctx,
@@ -339,10 +357,9 @@ class _Connection:
     @classmethod
     async def open(cls, endpoint: _Endpoint) -> _Connection:
         loop = asyncio.get_running_loop()
-        try:
-            ipaddress.ip_address(endpoint.host)
-            addresses = [(socket.AF_INET6 if ":" in endpoint.host else socket.AF_INET, endpoint.host)]
-        except ValueError:  # a name: resolved as asyncio would (in its executor)
+        if endpoint.family is not None:  # an IP address (in a cluster: KUBERNETES_SERVICE_HOST)
+            addresses = [(endpoint.family, endpoint.host)]
+        else:  # a name: resolved as asyncio would (in its executor), for every exec
             infos = await loop.getaddrinfo(endpoint.host, endpoint.port, type=socket.SOCK_STREAM)
             addresses = [(family, addr[0]) for family, _, _, _, addr in infos]
         error: OSError = OSError(f"{endpoint.host} resolved to no address")

@@ -711,6 +711,14 @@ async def test_new_credentials_are_picked_up(apiserver: FakeApiserver) -> None:
     assert [s.headers["authorization"] for s in apiserver.seen] == ["Bearer t0ken", "Bearer rotated"]
 
 
+async def test_a_server_named_by_a_host_name_is_resolved(apiserver: FakeApiserver) -> None:
+    """`localhost`, not an address: resolved per exec, every address tried in turn (a server
+    listening on 127.0.0.1 only is reached even where `localhost` is ::1 first)."""
+    ex = await make_exec(kubeconfig(apiserver.url.replace("127.0.0.1", "localhost")))
+    assert await ex.run(POD, PS_ARGV, timeout=5) == ExecResult(LISTING, "", 0)
+    assert apiserver.seen[-1].headers["host"].startswith("localhost:")
+
+
 async def test_server_url_with_a_path_prefix() -> None:
     srv = FakeApiserver(prefix="/k8s/clusters/c-1")
     await srv.start()
