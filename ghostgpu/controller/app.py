@@ -200,6 +200,10 @@ def loop_healthy(
 
 CONTROLLER_USER_AGENT = f"ghostgpu-controller/{__version__}"
 
+# How much later than it was let go a request may reach the apiserver, as the budget allows for
+# (budget.RequestBudget, jitter_s): 2 of 30 tokens at the default 20 qps.
+ARRIVAL_JITTER_S = 0.1
+
 
 async def _kube_api(kubeconfig: str | None) -> Any:
     import kr8s.asyncio
@@ -248,7 +252,12 @@ async def run_controller(
     metrics = ControllerMetrics()
     # One budget for every write (through Cluster) and every exec (budget.py); the watches and
     # the leader election use `api` itself.
-    budget = RequestBudget(cfg.apiserver.qps, cfg.apiserver.burst, metrics=BudgetMetrics(metrics.registry))
+    budget = RequestBudget(
+        cfg.apiserver.qps,
+        cfg.apiserver.burst,
+        jitter_s=ARRIVAL_JITTER_S,
+        metrics=BudgetMetrics(metrics.registry),
+    )
     cluster = Cluster(BudgetedApi(api, budget), instance=identity)
     known = [f.resource for f in loaded.flavors or []]
     is_gpu = gpu_predicate(known)

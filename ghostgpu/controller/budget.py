@@ -14,6 +14,12 @@ every other client of the cluster. Real controllers keep a client-side budget (c
   of a mostly idle process costs more CPU than the work it releases (cold caches, event-loop
   rounds): 200 execs at 20 per second took 4.3 ms of CPU each one at a time, 2.3 ms in eights
   (benchmarks/bench_exec_budget.py).
+- Headroom for arrival jitter (`jitter_s`, 0.1 s in the controller): `qps * jitter_s` tokens are
+  never spent, so the controller sends at most `burst - qps * jitter_s` at once. The budget is kept
+  where it matters, at the apiserver: a request that reaches it late (a new connection's TLS
+  handshake, a loaded apiserver) followed by others on time arrive closer together than they left,
+  and the audit log of the 50,000-pod bench showed peak bursts of 30.0-31.7 against a budget of 30
+  without the headroom. The rate is unchanged.
 - Order: waiting requests are served by `Priority` (reclaims first, then escalations, exec probes,
   reclaimable findings, other verdict changes, reasons-only updates last; a first ACTIVE verdict is
   not written at all, see planner.plan), first come first served within one priority.
@@ -125,6 +131,7 @@ class RequestBudget:
         *,
         aging_s: float = 30.0,
         batch: int = 8,
+        jitter_s: float = 0.0,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep,
         metrics: BudgetMetrics | None = None,
@@ -135,6 +142,8 @@ class RequestBudget:
         self.burst = int(burst)
         self.aging_s = aging_s
         self.batch = max(1, int(batch))
+        # Tokens held back for arrival jitter (see the module docstring); at least one is spendable.
+        self.headroom = min(max(0.0, qps * jitter_s), float(burst) - 1.0)
         self.clock = clock
         self.sleep = sleep
         self.metrics = metrics
@@ -161,7 +170,7 @@ class RequestBudget:
         if now < self.paused_until:
             return False
         self._refill(now)
-        if self.tokens >= 1.0 - _EPS:
+        if self.tokens >= 1.0 + self.headroom - _EPS:
             self.tokens = max(0.0, self.tokens - 1.0)
             self.granted += 1
             self.last_grant = now
@@ -249,12 +258,12 @@ class RequestBudget:
                 await self._nap(self.paused_until - now)
                 continue
             self._refill(now)
-            if self.tokens < 1.0 - _EPS:
+            if self.tokens < 1.0 + self.headroom - _EPS:
                 # Wait until a batch can leave: as many tokens as waiters, at most `batch`.
-                want = min(self.depth, self.batch, self.burst)
-                await self._nap((want - self.tokens) / self.qps)
+                want = min(self.depth, self.batch, self.burst - self.headroom)
+                await self._nap((want + self.headroom - self.tokens) / self.qps)
                 continue
-            while self.tokens >= 1.0 - _EPS:  # release everything the bucket holds, in order
+            while self.tokens >= 1.0 + self.headroom - _EPS:  # release what the bucket can spare, in order
                 nxt = self._next(now)
                 if nxt is None:
                     return

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import random
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -23,6 +24,7 @@ from ghostgpu.controller.budget import (
     RequestBudget,
     priority,
 )
+from ghostgpu.scale.bench import budget_check
 from ghostgpu.signals.podexec import ExecResult, PodRef
 
 
@@ -82,6 +84,35 @@ async def test_once_the_burst_is_spent_waiters_leave_in_batches_at_the_same_rate
     t0 = clock.now
     await b.acquire(Priority.RECLAIM)
     assert clock.now - t0 == pytest.approx((1 - 20 * 0.001) / 20)  # the rest of one token, 1/qps
+
+
+async def test_headroom_keeps_the_budget_where_the_apiserver_receives_the_requests() -> None:
+    """Requests that reach the apiserver up to `jitter_s` late (a new connection's handshake, a
+    loaded apiserver) never look there like more than `burst` at once: `qps * jitter_s` tokens are
+    held back (2 of 30 at 20 qps), and the rate is unchanged."""
+
+    async def sent(jitter_s: float) -> list[float]:
+        b, clock = budget(qps=20, burst=30, batch=8, jitter_s=jitter_s)
+        times: list[float] = []
+
+        async def one() -> None:
+            await b.acquire(Priority.PROBE)
+            times.append(clock.now)
+
+        await asyncio.gather(*(one() for _ in range(130)))
+        return times
+
+    plain, kept = await sent(0.0), await sent(0.1)
+    assert kept[:28] == [0.0] * 28 and kept[28] > 0  # 28 at once, not 30
+    assert kept[-1] == pytest.approx(plain[-1], abs=0.11)  # the same rate: 20 per second
+    # the worst arrivals: a whole burst as late as allowed, what follows on time; and random ones
+    rng = random.Random(7)
+    for late in [[0.1] * 30 + [0.0] * 100, *([rng.uniform(0, 0.1) for _ in range(130)] for _ in range(200))]:
+        assert budget_check([t + d for t, d in zip(kept, late, strict=True)], 20)["peak_burst"] <= 30 + 1e-9
+    # without the headroom, a late burst reads as 32 at the apiserver
+    assert budget_check([t + d for t, d in zip(plain, [0.1] * 30 + [0.0] * 100, strict=True)], 20)[
+        "peak_burst"
+    ] == pytest.approx(32)
 
 
 async def test_valuable_requests_are_served_first_and_in_arrival_order_within_a_priority() -> None:
