@@ -427,22 +427,30 @@ def _zero_run(samples: tuple[UtilizationSample, ...], threshold: float) -> int:
     return run
 
 
+def window_runs(samples: Sequence[UtilizationSample], threshold: float) -> tuple[int, int, int]:
+    """(samples, readings in a row, readings not above `threshold` in a row), both runs ending at
+    the newest sample: all a window verdict needs. `UtilizationRing` keeps them as samples arrive."""
+    ok = zero = 0
+    for s in reversed(samples):
+        if isinstance(s, SignalFailure):
+            break
+        ok += 1
+        if zero == ok - 1 and not s > threshold:
+            zero = ok
+    return len(samples), ok, zero
+
+
 def _window_case(
-    samples: Sequence[UtilizationSample], policy: VerdictPolicy
+    count: int, ok_run: int, zero_run: int, policy: VerdictPolicy
 ) -> tuple[VerdictKind, Reason] | None:
     """The verdict when the utilization window alone settles it (too few samples, a failed one, a
     non-zero one); None when the newest K samples are all zero and the other signals decide."""
     k = policy.effective_window
-    if len(samples) < k:
+    if count < k:
         return VerdictKind.UNKNOWN, Reason.INSUFFICIENT_SAMPLES
-    threshold = policy.zero_threshold
-    nonzero = False
-    for s in samples[-k:]:  # one plain loop: this runs for every workload on every poll
-        if isinstance(s, SignalFailure):
-            return VerdictKind.UNKNOWN, Reason.UTILIZATION_FAILED  # a failure outranks a reading
-        if s > threshold:
-            nonzero = True
-    if nonzero:
+    if ok_run < k:
+        return VerdictKind.UNKNOWN, Reason.UTILIZATION_FAILED  # a failure outranks a reading
+    if zero_run < k:
         return VerdictKind.ACTIVE, Reason.UTILIZATION_NONZERO
     return None
 
@@ -456,26 +464,13 @@ def window_verdict(samples: Sequence[UtilizationSample], policy: VerdictPolicy) 
     window is all zero (then only `decide()` on the whole evidence can tell). Lets a caller skip
     assembling the evidence of the many workloads that are plainly busy (or plainly unknown); the
     verdicts are shared immutable objects."""
-    return _settled(_window_case(samples, policy), policy)
+    return window_verdict_from_runs(*window_runs(samples, policy.zero_threshold), policy)
 
 
 def window_verdict_from_runs(count: int, ok_run: int, zero_run: int, policy: VerdictPolicy) -> Verdict | None:
-    """`window_verdict` of samples known by their runs (`UtilizationRing.runs`): `count` samples,
-    the newest `ok_run` of them readings, the newest `zero_run` readings at or under the policy's
-    zero threshold. The same answer without a pass over the samples."""
-    k = policy.effective_window
-    if count < k:
-        case: tuple[VerdictKind, Reason] | None = (VerdictKind.UNKNOWN, Reason.INSUFFICIENT_SAMPLES)
-    elif ok_run < k:
-        case = (VerdictKind.UNKNOWN, Reason.UTILIZATION_FAILED)  # a failure outranks a reading
-    elif zero_run >= k:
-        case = None
-    else:
-        case = (VerdictKind.ACTIVE, Reason.UTILIZATION_NONZERO)
-    return _settled(case, policy)
-
-
-def _settled(settled: tuple[VerdictKind, Reason] | None, policy: VerdictPolicy) -> Verdict | None:
+    """`window_verdict` of samples known by their runs (`window_runs`, `UtilizationRing.runs`):
+    the same answer without a pass over the samples."""
+    settled = _window_case(count, ok_run, zero_run, policy)
     if settled is None:
         return None
     key = (policy.rule, *settled)
@@ -514,7 +509,7 @@ def decide(evidence: Evidence, policy: VerdictPolicy | None = None) -> Verdict:
         )
 
     # 1. Utilization opens the case: the newest K samples, all present, all zero.
-    settled = _window_case(evidence.utilization, policy)
+    settled = _window_case(*window_runs(evidence.utilization, policy.zero_threshold), policy)
     if settled is not None:
         return verdict(*settled)
     if rule in (Rule.SINGLE_UTIL, Rule.WINDOW_UTIL):

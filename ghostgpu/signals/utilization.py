@@ -37,7 +37,14 @@ from ghostgpu.signals.prometheus import (
     VectorSample,
     iter_answer,
 )
-from ghostgpu.verdict import FailureReason, GpuMemory, SignalFailure, UtilizationSample, XidEvent
+from ghostgpu.verdict import (
+    FailureReason,
+    GpuMemory,
+    SignalFailure,
+    UtilizationSample,
+    XidEvent,
+    window_runs,
+)
 
 FIELD_LABEL = "ghostgpu_field"
 # Kubernetes object names (DNS-1123 subdomain): the only characters we ever put into a regex.
@@ -418,14 +425,7 @@ class UtilizationRing:
         count = self._count
         if threshold == self.zero_threshold:
             return count, min(self._ok_run, count), min(self._zero_run, count)
-        ok = zero = 0  # another threshold than the ring keeps runs for: count them
-        for s in reversed(self.newest(count)):
-            if isinstance(s, SignalFailure):
-                break
-            ok += 1
-            if zero == ok - 1 and not s > threshold:
-                zero = ok
-        return count, ok, zero
+        return window_runs(self.newest(count), threshold)  # another threshold: count them
 
     def newest_all_zero(self, k: int, threshold: float) -> bool:
         """True when the newest k samples exist, are readings, and are all <= threshold."""
