@@ -35,6 +35,7 @@ from ghostgpu.controller.accounting import FlavorAccount, FlavorSpec, account, n
 from ghostgpu.controller.actuators import RECLAIMED_FROM_RECORD, Actuator, table_from
 from ghostgpu.controller.decisions import DecisionLog, DecisionRow
 from ghostgpu.controller.evidence import (
+    SettledPlan,
     WorkloadState,
     assemble,
     evidence_json,
@@ -496,15 +497,15 @@ class Reconciler:
             if (
                 evidence is None
                 and memo is not None
-                and memo[0] is wl
-                and memo[1] is pods[0]
-                and memo[2] is verdict
-                and memo[3] == team
+                and memo.workload is wl
+                and memo.pod is pods[0]
+                and memo.verdict is verdict
+                and memo.team == team
             ):
                 # Settled by the window again, with the same cached objects: the same plan. plan()
                 # is pure for a verdict that is not reclaimable (no gate, no clock), and the
                 # recorded verdict is read from these very objects.
-                p, reasons_changed, kind, gpus = memo[4:]
+                p, reasons_changed, kind, gpus = memo.plan, memo.reasons_changed, memo.kind, memo.gpus
             else:
                 recorded = _recorded(wl, pods)
                 # An owner with no actuator carries no verdict annotation (nothing is written to it):
@@ -515,8 +516,10 @@ class Reconciler:
                 reasons_changed = not wl.no_actuator and _reasons_changed(recorded, verdict)
                 kind = verdict.kind.value
                 gpus = sum(wl.gpus_per_pod.values()) * len(pods)
-                settles = evidence is None and len(pods) == 1 and not wl.no_actuator
-                st.settled = (wl, pods[0], verdict, team, p, reasons_changed, kind, gpus) if settles else None
+                if evidence is None and len(pods) == 1 and not wl.no_actuator:
+                    st.settled = SettledPlan(wl, pods[0], verdict, team, p, reasons_changed, kind, gpus)
+                else:
+                    st.settled = None
             result.judged[ref] = Judged(wl, pods, verdict, evidence, p, kind)
             result.states[kind] += 1
             st.last_verdict = verdict.kind
