@@ -263,19 +263,6 @@ def _seg(value: str) -> str:
     return urllib.parse.quote(value, safe="")
 
 
-@dataclass(frozen=True, slots=True)
-class _Endpoint:
-    host: str
-    port: int
-    ssl: ssl.SSLContext | None
-    server_hostname: str | None
-    authority: str  # the Host header
-    path_prefix: str  # a server URL's path (an apiserver behind a path-routing gateway), no trailing /
-    headers: tuple[tuple[bytes, bytes], ...]
-    family: socket.AddressFamily | None  # the host is an IP address of this family; None: a name
-    tls: _TlsResumption = field(default_factory=lambda: _TlsResumption(), compare=False)
-
-
 class _TlsResumption:
     """The TLS session an endpoint's connections resume. It belongs to one ssl context and one
     server (a new endpoint, made for new credentials, starts without one). A server that refuses
@@ -304,6 +291,19 @@ class _TlsResumption:
                 return
         session = sock.session
         self.session = session if session is not None and session.has_ticket else None
+
+
+@dataclass(frozen=True, slots=True)
+class _Endpoint:
+    host: str
+    port: int
+    ssl: ssl.SSLContext | None
+    server_hostname: str | None
+    authority: str  # the Host header
+    path_prefix: str  # a server URL's path (an apiserver behind a path-routing gateway), no trailing /
+    headers: tuple[tuple[bytes, bytes], ...]
+    family: socket.AddressFamily | None  # the host is an IP address of this family; None: a name
+    tls: _TlsResumption = field(default_factory=_TlsResumption, compare=False)
 
 
 async def _endpoint_for(session: httpx.AsyncClient, auth: Any) -> _Endpoint | None:
