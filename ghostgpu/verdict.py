@@ -435,7 +435,7 @@ def window_runs(samples: Sequence[UtilizationSample], threshold: float) -> tuple
         if isinstance(s, SignalFailure):
             break
         ok += 1
-        if zero == ok - 1 and not s > threshold:
+        if zero == ok - 1 and s <= threshold:  # a NaN is no zero reading (fail safe)
             zero = ok
     return len(samples), ok, zero
 

@@ -5,6 +5,7 @@ timeout case)."""
 from __future__ import annotations
 
 import json
+import math
 import threading
 import time
 import urllib.parse
@@ -433,6 +434,7 @@ def test_rings_share_whole_percent_readings_and_allocate_their_slots_once() -> N
     ops=st.lists(
         st.one_of(
             st.floats(0, 100).map(lambda v: ("push", v)),
+            st.just(("push", math.nan)),  # not a reading at or under any threshold (see below)
             st.just(("fail", None)),
             st.just(("clear", None)),
             st.integers(1, 8).map(lambda n: ("resize", n)),
@@ -464,7 +466,7 @@ def test_ring_behaves_as_the_last_size_samples(
         else:
             ring.resize(arg)
             model = model[-arg:]
-        assert ring.samples == tuple(model) and len(ring) == len(model)
+        assert ring.samples == tuple(model) and len(ring) == len(model)  # items: identity first (NaN)
     tail = model[-k:] if k else []
     zeros = all(not isinstance(s, SignalFailure) and s <= threshold for s in tail)
     expect = k > 0 and len(tail) == k and zeros
@@ -475,6 +477,21 @@ def test_ring_behaves_as_the_last_size_samples(
         assert window_verdict_from_runs(*ring.runs(threshold), policy) is by_pass
 
 
+def test_a_nan_reading_never_counts_toward_an_all_zero_window() -> None:
+    """The controller never sees one (a NaN series is dropped and counts as missing), but the ring,
+    the pass over samples and the long-window rule must agree on it all the same: a NaN is not a
+    reading at or under the threshold, so it breaks the zero run (fail safe: never closer to a
+    reclaim)."""
+    from ghostgpu.verdict import _zero_run, window_runs
+
+    samples = (0.0, 0.0, math.nan, 0.0)
+    ring = UtilizationRing(size=4)
+    for s in samples:
+        ring.push(s)
+    assert ring.runs(0.0) == window_runs(samples, 0.0) == (4, 4, 1)
+    assert _zero_run(samples, 0.0) == 1
+    assert not ring.newest_all_zero(2, 0.0) and ring.newest_all_zero(1, 0.0)
+    assert ring.runs(5.0) == window_runs(samples, 5.0) == (4, 4, 1)  # counted, not kept
 
 
 def test_the_bench_floor_query_asks_every_signal_of_every_pod_unfiltered() -> None:
