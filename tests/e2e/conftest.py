@@ -156,10 +156,12 @@ def _wait_until_tracking_is_live(devcluster: DevCluster) -> None:
     apps = client.AppsV1Api(devcluster.kube.api_client)
     try:
         eventually(
-            lambda: (apps.create_namespaced_deployment(ns, probe, dry_run="All").metadata.labels or {}).get(
-                "ghostgpu.io/tracked"
-            )
-            == "true",
+            lambda: (
+                (apps.create_namespaced_deployment(ns, probe, dry_run="All").metadata.labels or {}).get(
+                    "ghostgpu.io/tracked"
+                )
+                == "true"
+            ),
             timeout=90,
             what="the tracking policy to label a GPU Deployment at admission",
         )

@@ -138,10 +138,12 @@ def test_deployment_in_a_namespace_with_default_localqueue_goes_to_kueue_untrack
     # Kueue's webhook defaults the queue name from its in-memory queue manager, which learns of the
     # LocalQueue from its own informer, a moment after the object exists: wait for that, by dry-run.
     eventually(
-        lambda: labels_of(
-            apps(devcluster).create_namespaced_deployment(ns, deployment("serving"), dry_run="All")
-        ).get(QUEUE)
-        == "default",
+        lambda: (
+            labels_of(
+                apps(devcluster).create_namespaced_deployment(ns, deployment("serving"), dry_run="All")
+            ).get(QUEUE)
+            == "default"
+        ),
         timeout=30,
         what="Kueue's queue manager to know LocalQueue default",
     )
