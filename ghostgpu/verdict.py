@@ -413,20 +413,6 @@ class Verdict(_Frozen):
 # --- the decision --------------------------------------------------------------------------------
 
 
-def _is_zero(sample: UtilizationSample, threshold: float) -> bool:
-    return not isinstance(sample, SignalFailure) and sample <= threshold
-
-
-def _zero_run(samples: tuple[UtilizationSample, ...], threshold: float) -> int:
-    """Length of the all-zero run ending at the newest sample (a failure breaks the run)."""
-    run = 0
-    for sample in reversed(samples):
-        if not _is_zero(sample, threshold):
-            break
-        run += 1
-    return run
-
-
 def window_runs(samples: Sequence[UtilizationSample], threshold: float) -> tuple[int, int, int]:
     """(samples, readings in a row, readings not above `threshold` in a row), both runs ending at
     the newest sample: all a window verdict needs. `UtilizationRing` keeps them as samples arrive."""
@@ -509,7 +495,8 @@ def decide(evidence: Evidence, policy: VerdictPolicy | None = None) -> Verdict:
         )
 
     # 1. Utilization opens the case: the newest K samples, all present, all zero.
-    settled = _window_case(*window_runs(evidence.utilization, policy.zero_threshold), policy)
+    runs = window_runs(evidence.utilization, policy.zero_threshold)  # also read for the long window
+    settled = _window_case(*runs, policy)
     if settled is not None:
         return verdict(*settled)
     if rule in (Rule.SINGLE_UTIL, Rule.WINDOW_UTIL):
@@ -577,7 +564,7 @@ def decide(evidence: Evidence, policy: VerdictPolicy | None = None) -> Verdict:
                 reasons.append(Reason.ATTACHED_SESSION)
             if mem_bytes is not None and mem_bytes >= policy.memory_held_bytes:
                 reasons.append(Reason.MEMORY_HELD)
-            if _zero_run(evidence.utilization, policy.zero_threshold) >= policy.long_window:
+            if runs[2] >= policy.long_window:  # the zero run ending at the newest sample
                 return verdict(VerdictKind.IDLE_HELD, *reasons, Reason.IDLE_LONG_WINDOW, live=live, dead=dead)
             return verdict(VerdictKind.ACTIVE, *reasons, Reason.IDLE_BELOW_HOLD, live=live, dead=dead)
         reasons.append(Reason.DEFUNCT_ONLY if dead else Reason.NO_PROCESS)

@@ -395,7 +395,7 @@ class UtilizationRing:
             self._ok_run = self._zero_run = 0
         else:
             self._ok_run += 1
-            # `<=`, not `not >`: a NaN is no zero reading (fail safe, as verdict._is_zero).
+            # `<=`, not `not >`: a NaN is no zero reading (fail safe, as verdict.window_runs).
             self._zero_run = self._zero_run + 1 if sample <= self.zero_threshold else 0
 
     def resize(self, size: int) -> None:

@@ -478,18 +478,17 @@ def test_ring_behaves_as_the_last_size_samples(
 
 
 def test_a_nan_reading_never_counts_toward_an_all_zero_window() -> None:
-    """The controller never sees one (a NaN series is dropped and counts as missing), but the ring,
-    the pass over samples and the long-window rule must agree on it all the same: a NaN is not a
-    reading at or under the threshold, so it breaks the zero run (fail safe: never closer to a
-    reclaim)."""
-    from ghostgpu.verdict import _zero_run, window_runs
+    """The controller never sees one (a NaN series is dropped and counts as missing), but the ring
+    and the pass over samples (which decide() also reads the long window from) must agree on it all
+    the same: a NaN is not a reading at or under the threshold, so it breaks the zero run (fail
+    safe: never closer to a reclaim)."""
+    from ghostgpu.verdict import window_runs
 
     samples = (0.0, 0.0, math.nan, 0.0)
     ring = UtilizationRing(size=4)
     for s in samples:
         ring.push(s)
     assert ring.runs(0.0) == window_runs(samples, 0.0) == (4, 4, 1)
-    assert _zero_run(samples, 0.0) == 1
     assert not ring.newest_all_zero(2, 0.0) and ring.newest_all_zero(1, 0.0)
     assert ring.runs(5.0) == window_runs(samples, 5.0) == (4, 4, 1)  # counted, not kept
 
