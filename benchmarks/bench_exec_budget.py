@@ -36,7 +36,7 @@ import yaml
 from ghostgpu.controller.budget import BudgetedExec, RequestBudget
 from ghostgpu.devcluster.cluster import default_state_dir
 from ghostgpu.scale.fleet import FleetSpec, KubeHTTP, ensure_base, grow_pods, running_pods
-from ghostgpu.signals.podexec import KubeExec, PodExec, PodRef
+from ghostgpu.signals.podexec import KubeExec, PodExec, PodRef, _exec_query
 from ghostgpu.signals.processes import PS_ARGV
 
 CONCURRENCY = 8  # the controller's exec concurrency (app.py: ProcessSource)
@@ -94,6 +94,7 @@ def compiled_per_exec(binary: Path, cluster: Path, pods: list[PodRef], *, qps: f
         f"-ca={server['certificate-authority']}",
         f"-cert={user['client-certificate']}",
         f"-key={user['client-key']}",
+        f"-query={_exec_query(PS_ARGV, 'main')}",  # the controller's own exec, argv and all
         f"-concurrency={CONCURRENCY}",
         f"-qps={qps}",
         f"-batch={batch}",
@@ -130,9 +131,9 @@ async def main() -> None:
         ms, wall, failed = await cpu_per_exec(executor, pods)
         print(f"  {name:>28}: {ms:5.2f} ms/exec  wall {wall:6.2f} s  failed {failed}")
         if binary is not None:
-            free = name == "no budget"
-            batch = 8 if free else executor.budget.batch  # type: ignore[attr-defined]
-            r = compiled_per_exec(binary, cluster, pods, qps=0 if free else args.qps, batch=batch)
+            budget = executor.budget if isinstance(executor, BudgetedExec) else None
+            qps, batch = (budget.qps, budget.batch) if budget else (0.0, CONCURRENCY)  # 0: back to back
+            r = compiled_per_exec(binary, cluster, pods, qps=qps, batch=batch)
             print(
                 f"  {'compiled (Go), same pacing':>28}: {r['cpu_ms_per_exec']:5.2f} ms/exec  "
                 f"wall {r['wall_s']:6.2f} s  failed {r['failed']}  "

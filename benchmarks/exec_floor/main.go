@@ -6,7 +6,8 @@
 // resumes one kept TLS 1.3 session, a websocket upgrade (v4.channel.k8s.io), messages read until
 // the exit status. The key exchange is X25519 only, the one OpenSSL 3.0 offers the controller (Go's
 // default adds a post-quantum hybrid that costs more). Pods (namespace/name) come on stdin; one
-// JSON line of results goes to stdout. Run through bench_exec_budget.py --compiled.
+// JSON line of results goes to stdout. Run through bench_exec_budget.py --compiled, which passes the
+// query the controller builds for its process listing (podexec._exec_query of PS_ARGV).
 package main
 
 import (
@@ -29,9 +30,6 @@ import (
 	"github.com/gorilla/websocket"
 )
 
-// The argv of ghostgpu.signals.processes.PS_ARGV, in the container "main".
-const execQuery = "command=ps&command=-eo&command=pid%2Cppid%2Cstat%2Cetimes%2Cargs&container=main&stdout=true&stderr=true"
-
 type result struct {
 	Execs        int     `json:"execs"`
 	Failed       int64   `json:"failed"`
@@ -52,6 +50,7 @@ func rusage() (user, sys time.Duration) {
 
 type client struct {
 	host    string
+	query   string // the exec's query string, as the controller builds it
 	tls     *tls.Config
 	resumed atomic.Int64
 }
@@ -74,7 +73,7 @@ func (c *client) exec(pod string) error {
 		c.resumed.Add(1)
 	}
 	// ws://: the connection is already TLS; the dialer only writes the upgrade over it.
-	target, err := url.Parse(fmt.Sprintf("ws://%s/api/v1/namespaces/%s/pods/%s/exec?%s", c.host, ns, name, execQuery))
+	target, err := url.Parse(fmt.Sprintf("ws://%s/api/v1/namespaces/%s/pods/%s/exec?%s", c.host, ns, name, c.query))
 	if err != nil {
 		return err
 	}
@@ -102,6 +101,7 @@ func main() {
 	caFile := flag.String("ca", "", "CA certificate file")
 	certFile := flag.String("cert", "", "client certificate file")
 	keyFile := flag.String("key", "", "client key file")
+	query := flag.String("query", "", "the exec's query string (command=..., container=..., streams)")
 	concurrency := flag.Int("concurrency", 8, "execs in flight")
 	qps := flag.Float64("qps", 0, "execs per second, released in batches (0: back to back)")
 	batch := flag.Int("batch", 8, "execs released at once when paced")
@@ -123,7 +123,10 @@ func main() {
 	if err != nil {
 		panic(err)
 	}
-	c := &client{host: u.Host, tls: &tls.Config{
+	if *query == "" {
+		panic("no -query")
+	}
+	c := &client{host: u.Host, query: *query, tls: &tls.Config{
 		RootCAs:            roots,
 		Certificates:       []tls.Certificate{pair},
 		ServerName:         u.Hostname(),
