@@ -3,13 +3,37 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
+from typing import Any
 
 import typer
 
 from ghostgpu import __version__
 
-app = typer.Typer(
+
+class _BoundaryApp(typer.Typer):
+    """The app every command runs in: a failure ghostgpu can name (ghostgpu.boundary.explain)
+    ends in its one or two lines and exit 2, for every command alike; `--debug` keeps the
+    traceback."""
+
+    debug = False
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return super().__call__(*args, **kwargs)
+        except Exception as exc:
+            from ghostgpu.boundary import EXIT_CODE, explain
+
+            lines = None if self.debug else explain(exc)
+            if lines is None:
+                raise
+            for line in lines:
+                print(line, file=sys.stderr)
+            sys.exit(EXIT_CODE)
+
+
+app = _BoundaryApp(
     name="ghostgpu",
     help="Find GPU workloads that bypass Kueue, prove they are idle, and reclaim them safely.",
     no_args_is_help=True,
@@ -29,8 +53,12 @@ def main(
     version: bool = typer.Option(
         False, "--version", callback=_version, is_eager=True, help="Print the version."
     ),
+    debug: bool = typer.Option(
+        False, "--debug", help="Print the full traceback of a failure instead of its one-line message."
+    ),
 ) -> None:
     """ghostgpu command line."""
+    _BoundaryApp.debug = debug
 
 
 # --- render ---
