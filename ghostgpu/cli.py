@@ -306,6 +306,39 @@ def dashboard_preview(
         raise typer.Exit(code)
 
 
+# --- doctor ---
+
+_DOC_CONFIG = typer.Option(
+    None,
+    "-c",
+    "--config",
+    help="ghostgpu.yaml the bundles were rendered from (default: the embedded example).",
+)
+_DOC_KUBECONFIG = typer.Option(
+    None, "--kubeconfig", help="Kubeconfig file (default: KUBECONFIG, ~/.kube/config)."
+)
+_DOC_PROM = typer.Option(
+    None, "--prometheus-url", help="Override controller.prometheus.url (e.g. a port-forward to it)."
+)
+_DOC_JSON = typer.Option(False, "--json", help="Print the rows as JSON (for CI).")
+
+
+@app.command()
+def doctor(
+    config: Path | None = _DOC_CONFIG,
+    kubeconfig: str | None = _DOC_KUBECONFIG,
+    prometheus_url: str | None = _DOC_PROM,
+    as_json: bool = _DOC_JSON,
+) -> None:
+    """Check, read-only, what ghostgpu needs from this cluster and its Prometheus: one row per
+    prerequisite (ok, warn, fail, skip) with what was found and the fix; exit 1 when a row fails."""
+    from ghostgpu.doctor.command import run_doctor_command
+
+    code = run_doctor_command(config, kubeconfig, prometheus_url, as_json, echo=typer.echo)
+    if code:
+        raise typer.Exit(code)
+
+
 # --- devcluster ---
 from ghostgpu.devcluster.cli import app as _devcluster_app  # noqa: E402 (typer + stdlib at import)
 
