@@ -313,10 +313,12 @@ async def check_kyverno_crd_watcher(reads: Reads) -> Row:
 
 
 async def opted_in_namespaces(reads: Reads) -> list[dict[str, Any]]:
+    """Namespaces labelled for ghostgpu, but not those being deleted (nothing runs there anymore)."""
     return [
         n
         for n in await reads.items("v1", "namespaces")
         if ((n["metadata"].get("labels") or {}).get(RECLAIM_LABEL)) == "enabled"
+        and (n.get("status") or {}).get("phase") != "Terminating"
     ]
 
 

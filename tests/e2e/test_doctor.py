@@ -14,9 +14,8 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,6 +24,7 @@ import httpx
 import pytest
 import yaml
 from kubernetes import client
+from polling import eventually
 
 from ghostgpu.devcluster import DevCluster, procs
 from ghostgpu.devcluster.bundles import FIELD_MANAGER, bundle_docs
@@ -39,16 +39,6 @@ DEVCLUSTER_WARNINGS = {"kueue: version", "kyverno: CRD watcher"}
 NOT_CONFIGURED = {"agent: on every GPU node"}
 READ_ONLY_ROLE = "ghostgpu-doctor-read-only"
 DOCTOR = [sys.executable, "-m", "ghostgpu.cli", "doctor"]
-
-
-def wait_for(cond: Callable[[], Any], timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = cond()
-        if value:
-            return value
-        time.sleep(0.5)
-    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
 
 
 @dataclass
@@ -180,13 +170,13 @@ def setup(
     ns, pod = f"doctor-{uuid.uuid4().hex[:8]}", "trainer"
     # The pod first, then the opt-in: it predates the namespace's LocalQueue, as a ghost does.
     kube.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
-    wait_for(lambda: core.list_namespaced_service_account(ns).items, 30, "the default ServiceAccount")
+    eventually(lambda: core.list_namespaced_service_account(ns).items, 30, "the default ServiceAccount")
     kube.apply(gpu_pod(pod, ns))
-    wait_for(lambda: core.read_namespaced_pod(pod, ns).status.phase == "Running", 60, "the GPU pod to run")
+    eventually(lambda: core.read_namespaced_pod(pod, ns).status.phase == "Running", 60, "the GPU pod to run")
     opted_in = {"ghostgpu.io/reclaim": "enabled", "ghostgpu.io/team": TEAM}
     kube.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns, "labels": opted_in}})
     rbac = client.RbacAuthorizationV1Api(kube.api_client)
-    wait_for(
+    eventually(
         lambda: any(
             b.metadata.name == "ghostgpu-controller" for b in rbac.list_namespaced_role_binding(ns).items
         ),
@@ -206,18 +196,19 @@ def setup(
         cwd=REPO,
     )
     coordination = client.CoordinationV1Api(kube.api_client)
-    wait_for(
-        lambda: (
-            coordination.read_namespaced_lease(
-                cfg["controller"].get("leaseName", "ghostgpu-controller"), "ghostgpu-system"
-            ).spec.holder_identity
-            == "doctor-test"
-        ),
-        60,
-        "the controller to take its Lease",
-    )
+    lease = cfg["controller"].get("leaseName", "ghostgpu-controller")
+
+    def holder() -> str | None:
+        try:
+            return coordination.read_namespaced_lease(lease, "ghostgpu-system").spec.holder_identity
+        except client.ApiException as exc:
+            if exc.status == 404:  # not created yet
+                return None
+            raise
+
+    eventually(lambda: holder() == "doctor-test", 60, "the controller to take its Lease")
     doctor = Doctor(read_only_kubeconfig(devcluster, tmp / "doctor.kubeconfig"), config)
-    wait_for(lambda: statuses(doctor.run()[1])["prometheus: GPU series"] == "ok", 60, "the pod's series")
+    eventually(lambda: statuses(doctor.run()[1])["prometheus: GPU series"] == "ok", 60, "the pod's series")
     code, rows = doctor.run()
     try:
         yield Setup(doctor, ns, pod, rows, code)
@@ -262,7 +253,7 @@ def test_deleted_tracking_policy(setup: Setup, devcluster: DevCluster) -> None:
         assert_only_row_fails(setup, "kyverno: policies", "ghostgpu-track-gpu-workloads", "policies/")
     finally:
         devcluster.kube.apply(policy, FIELD_MANAGER)
-        wait_for(
+        eventually(
             lambda: statuses(setup.doctor.run()[1])["kyverno: policies"] == "ok", 90, "the policy to be ready"
         )
 
@@ -274,14 +265,14 @@ def test_kueue_stopped(setup: Setup, devcluster: DevCluster) -> None:
     finally:
         start_process(devcluster, "kueue", argv)
         url = f"http://127.0.0.1:{devcluster.state.ports['kueue_health']}/readyz"
-        wait_for(lambda: httpx.get(url, timeout=2).status_code == 200, 120, "Kueue /readyz")
+        eventually(lambda: httpx.get(url, timeout=2).status_code == 200, 120, "Kueue /readyz")
 
 
 def test_exporter_stopped(setup: Setup, devcluster: DevCluster) -> None:
     argv = stop_process(devcluster, "fake-dcgm-exporter")
     try:
         prom = devcluster.state.prometheus_url
-        wait_for(
+        eventually(
             lambda: [
                 s
                 for s in httpx.get(
@@ -294,13 +285,13 @@ def test_exporter_stopped(setup: Setup, devcluster: DevCluster) -> None:
         assert_only_row_fails(setup, "prometheus: GPU series", "up == 0", "dcgm-exporter")
     finally:
         start_process(devcluster, "fake-dcgm-exporter", argv)
-        wait_for(
+        eventually(
             lambda: httpx.get(f"{devcluster.state.dcgm_url}/healthz", timeout=2).status_code == 200,
             30,
             "exporter",
         )
         devcluster.dcgm.set(setup.namespace, setup.pod, util=80, fb_used_mib=2048)
-        wait_for(
+        eventually(
             lambda: statuses(setup.doctor.run()[1])["prometheus: GPU series"] == "ok", 60, "the series back"
         )
 
@@ -315,6 +306,7 @@ def test_namespace_with_unknown_team(setup: Setup, devcluster: DevCluster) -> No
         assert_only_row_fails(setup, "namespaces: opted in", f"{ns} (ghostgpu.io/team=no-such-team)", TEAM)
     finally:
         devcluster.kube.delete("v1", "Namespace", ns)
+        eventually(lambda: devcluster.kube.get("v1", "Namespace", ns) is None, 90, f"namespace {ns} gone")
 
 
 def test_clusterrole_without_a_verb(setup: Setup, devcluster: DevCluster) -> None:
