@@ -14,10 +14,11 @@ from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+import httpx
 import pytest
 import yaml
 
-from ghostgpu.boundary import diagnose_credentials, rbac_verb_and_resource
+from ghostgpu.boundary import diagnose_credentials, explain, name_endpoint, rbac_verb_and_resource
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -196,3 +197,28 @@ def test_diagnose_context_naming_an_undefined_cluster(tmp_path: Path) -> None:
     cfg.write_text(yaml.safe_dump(doc))
     err = diagnose_credentials(str(cfg), environ={}, home=tmp_path)
     assert err is not None and "names cluster 'elsewhere'" in err.lines[0]
+
+
+def _status_error(url: str, code: int, body: dict[str, str]) -> httpx.HTTPStatusError:
+    request = httpx.Request("POST", url)
+    response = httpx.Response(code, json=body, request=request)
+    return httpx.HTTPStatusError("error", request=request, response=response)
+
+
+def test_prometheus_rejecting_a_query_is_named() -> None:
+    name_endpoint("http://127.0.0.1:9999", "Prometheus (controller.prometheus.url)")
+    exc = _status_error("http://127.0.0.1:9999/api/v1/query", 400, {"error": 'parse error: unexpected "}"'})
+    lines = explain(exc)
+    assert lines is not None and "Prometheus (controller.prometheus.url) at http://127.0.0.1:9999" in lines[0]
+    assert "rejected the query: parse error" in lines[0]
+
+
+def test_unauthorized_says_to_refresh_the_credentials() -> None:
+    name_endpoint("https://127.0.0.1:6443", "the Kubernetes apiserver")
+    lines = explain(_status_error("https://127.0.0.1:6443/api/v1/pods", 401, {"message": "Unauthorized"}))
+    assert lines is not None and "401 Unauthorized" in lines[0] and "refresh" in lines[1]
+
+
+def test_an_unnamed_failure_keeps_its_traceback() -> None:
+    assert explain(RuntimeError("a bug")) is None
+    assert explain(KeyError("x")) is None
