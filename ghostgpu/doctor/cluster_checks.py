@@ -25,6 +25,7 @@ KYVERNO_NAMESPACE = "kyverno"
 # and generate) run their loops only while they hold these leases.
 KYVERNO_LEASES = ("kyverno", "kyverno-background-controller")
 KYVERNO_CRD_WATCHER = "--crdWatcher=true"
+KYVERNO_WATCHING = ("admission-controller", "background-controller")
 KUEUE_CONFIG_KEY = "controller_manager_config.yaml"
 RECLAIM_LABEL, TEAM_LABEL = "ghostgpu.io/reclaim", "ghostgpu.io/team"
 _TAG = re.compile(r":v?(\d+)\.(\d+)\.(\d+)")
@@ -55,7 +56,7 @@ async def deployment_images(reads: Reads, word: str) -> list[tuple[str, str, dic
     for d in await reads.items("apps/v1", "deployments"):
         for c in ((d.get("spec") or {}).get("template") or {}).get("spec", {}).get("containers") or []:
             image = str(c.get("image") or "")
-            if word in image.rsplit("/", 1)[-1].split(":")[0]:
+            if word in image.split("@")[0].rsplit(":", 1)[0]:  # the repository, not the tag
                 meta = d["metadata"]
                 found.append((f"{meta['namespace']}/{meta['name']}", image, d))
     return found
@@ -290,7 +291,11 @@ async def check_kyverno_policies(reads: Reads, objects: list[dict[str, Any]]) ->
 
 
 async def check_kyverno_crd_watcher(reads: Reads) -> Row:
-    deployments = [(w, d) for w, _, d in await deployment_images(reads, "kyverno")]
+    # The Helm chart's kyverno-admission-controller and kyverno-background-controller (the
+    # cleanup and reports controllers match no policy kinds).
+    deployments = [
+        (w, d) for w, _, d in await deployment_images(reads, "kyverno") if w.endswith(KYVERNO_WATCHING)
+    ]
     fix = (
         "run Kyverno's admission and background controllers with --crdWatcher=true, so manager kinds "
         "installed after Kyverno (RayCluster, Notebook, ...) are matched without a restart (docs/managers.md)"

@@ -100,3 +100,50 @@ def test_exit_code_fails_only_on_fail() -> None:
         exit_code([Row(check="x", status="ok", found=""), Row(check="y", status="fail", found="", fix="f")])
         == 1
     )
+
+
+class _Deployments:
+    """A Reads stand-in holding a list of Deployments (deployment_images only lists them)."""
+
+    def __init__(self, *items: tuple[str, str, list[str]]) -> None:
+        self.deployments = [
+            {
+                "metadata": {"namespace": "kyverno", "name": name},
+                "spec": {"template": {"spec": {"containers": [{"image": image, "args": args}]}}},
+            }
+            for name, image, args in items
+        ]
+
+    async def items(self, version: str, url: str, namespace: str | None = None) -> list[dict]:
+        assert (version, url) == ("apps/v1", "deployments")
+        return self.deployments
+
+
+def test_crd_watcher_row_reads_the_helm_charts_controllers() -> None:
+    import asyncio
+
+    watching = ["--crdWatcher=true"]
+    admission = ("kyverno-admission-controller", "reg.kyverno.io/kyverno/kyverno:v1.19.1", watching)
+    cleanup = ("kyverno-cleanup-controller", "reg.kyverno.io/kyverno/cleanup-controller:v1.19.1", [])
+    background = ("kyverno-background-controller", "reg.kyverno.io/kyverno/background-controller:v1.19.1", [])
+    row = asyncio.run(cc.check_kyverno_crd_watcher(_Deployments(admission, cleanup, background)))
+    assert row.status == "fail" and "kyverno/kyverno-background-controller" in row.found
+    assert "cleanup" not in row.found
+    fixed = (background[0], background[1], watching)
+    assert asyncio.run(cc.check_kyverno_crd_watcher(_Deployments(admission, cleanup, fixed))).status == "ok"
+    assert asyncio.run(cc.check_kyverno_crd_watcher(_Deployments())).status == "warn"
+
+
+def test_kueue_version_from_the_image_tag() -> None:
+    import asyncio
+
+    def dep(image: str) -> _Deployments:
+        return _Deployments(("kueue-controller-manager", image, []))
+
+    assert (
+        asyncio.run(cc.check_kueue_version(dep("registry.k8s.io/kueue/kueue:v0.19.2"), None)).status == "ok"
+    )
+    old = asyncio.run(cc.check_kueue_version(dep("registry.k8s.io/kueue/kueue:v0.14.1"), None))
+    assert old.status == "fail" and "v0.14.1" in old.found
+    assert asyncio.run(cc.check_kueue_version(_Deployments(), "v0.18.3")).status == "ok"
+    assert asyncio.run(cc.check_kueue_version(_Deployments(), None)).status == "warn"
