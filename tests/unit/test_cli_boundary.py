@@ -69,8 +69,8 @@ def free_port() -> int:
 
 @pytest.mark.parametrize(
     "args",
-    [["status"], ["restore", "deployment/x", "-n", "y"], ["controller", "--max-polls", "1"]],
-    ids=["status", "restore", "controller"],
+    [["status"], ["restore", "deployment/x", "-n", "y"], ["controller", "--max-polls", "1"], ["doctor"]],
+    ids=["status", "restore", "controller", "doctor"],
 )
 def test_no_kubeconfig_names_every_source(tmp_path: Path, args: list[str]) -> None:
     run = ghostgpu(tmp_path, *args)
