@@ -12,7 +12,7 @@ import httpx
 
 from ghostgpu import __version__
 from ghostgpu.boundary import explain, kube_api, name_endpoint
-from ghostgpu.config import GhostgpuConfig, load_config, load_default_config
+from ghostgpu.config import ControllerConfig, GhostgpuConfig, load_config, load_default_config
 from ghostgpu.doctor import cluster_checks as cc
 from ghostgpu.doctor import prometheus_checks as pc
 from ghostgpu.doctor.rbac_checks import check_rbac
@@ -21,14 +21,19 @@ from ghostgpu.doctor.report import Row, as_json, exit_code, fail, print_table, s
 from ghostgpu.render import render_objects
 
 
+def _failed(check: str, exc: Exception) -> Row:
+    """The row of a check whose own read failed in a way the boundary can name; else re-raise."""
+    lines = explain(exc)
+    if lines is None:
+        raise exc
+    return fail(check, lines[0].removeprefix("error: "), (lines[1:] or [""])[0].removeprefix("fix: "))
+
+
 async def _row(check: str, work: Awaitable[Row]) -> Row:
     try:
         return await work
     except Exception as exc:
-        lines = explain(exc)
-        if lines is None:
-            raise
-        return fail(check, lines[0].removeprefix("error: "), (lines[1:] or [""])[0].removeprefix("fix: "))
+        return _failed(check, exc)
 
 
 async def _kueue_build_version(prom: pc.PromReader) -> str | None:
@@ -65,19 +70,18 @@ async def run_doctor(cfg: GhostgpuConfig, kubeconfig: str | None) -> list[Row]:
             await _row("kyverno: CRD watcher", cc.check_kyverno_crd_watcher(reads)),
             reachable_row,
         ]
+        namespaces_row: Row | None = None
         try:
             namespaces = await cc.opted_in_namespaces(reads)
         except Exception as exc:
-            rows.append(await _row("namespaces: opted in", _raise(exc)))
-            namespaces = []
+            namespaces_row, namespaces = _failed("namespaces: opted in", exc), []
         known = cc.namespaces_with_known_team(namespaces, cfg)
         if reachable:
-            tracked = await _tracked(reads, known)
-            rows.append(await _row("prometheus: GPU series", pc.check_gpu_series(prom, ctrl, tracked)))
+            rows.append(await _row("prometheus: GPU series", _gpu_series(reads, prom, ctrl, known)))
         else:
             rows.append(skip("prometheus: GPU series", "Prometheus is not reachable"))
         rows += [
-            cc.check_namespaces(namespaces, cfg),
+            namespaces_row or cc.check_namespaces(namespaces, cfg),
             await _row("controller: RBAC", check_rbac(reads, objects, ctrl, known)),
             await _row("controller: running, leader", cc.check_controller(reads, cfg, objects)),
             cc.check_agent(cfg),
@@ -87,15 +91,14 @@ async def run_doctor(cfg: GhostgpuConfig, kubeconfig: str | None) -> list[Row]:
     return rows
 
 
-async def _raise(exc: Exception) -> Row:
-    raise exc
-
-
-async def _tracked(reads: Reads, namespaces: list[str]) -> list[tuple[str, str]]:
+async def _gpu_series(
+    reads: Reads, prom: pc.PromReader, ctrl: ControllerConfig, namespaces: list[str]
+) -> Row:
+    """The GPU series row, over the running GPU pods of the opted-in namespaces with a known team."""
     pods: list[dict[str, Any]] = []
     for ns in namespaces:
         pods += await reads.items("v1", "pods", ns)
-    return pc.tracked_gpu_pods(pods, namespaces)
+    return await pc.check_gpu_series(prom, ctrl, pc.tracked_gpu_pods(pods, namespaces))
 
 
 def run_doctor_command(

@@ -147,3 +147,21 @@ def test_kueue_version_from_the_image_tag() -> None:
     assert old.status == "fail" and "v0.14.1" in old.found
     assert asyncio.run(cc.check_kueue_version(_Deployments(), "v0.18.3")).status == "ok"
     assert asyncio.run(cc.check_kueue_version(_Deployments(), None)).status == "warn"
+
+
+def test_a_refused_read_fails_its_row_and_a_bug_is_raised() -> None:
+    import httpx
+    import pytest
+
+    from ghostgpu.doctor.command import _failed
+
+    request = httpx.Request("GET", "https://127.0.0.1:6443/api/v1/namespaces")
+    response = httpx.Response(403, json={"message": 'cannot list resource "namespaces"'}, request=request)
+    row = _failed("namespaces: opted in", httpx.HTTPStatusError("403", request=request, response=response))
+    assert (
+        row.status == "fail"
+        and "403 Forbidden to list namespaces" in row.found
+        and row.fix.startswith("grant")
+    )
+    with pytest.raises(RuntimeError):
+        _failed("x", RuntimeError("a bug"))
