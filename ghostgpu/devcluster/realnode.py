@@ -37,7 +37,7 @@ REAL_NODE_NAME = "localhost"
 # here) never do.
 REAL_NODE_LABEL = "ghostgpu.io/real-node"
 REAL_NODE_TAINT = Taint(key=REAL_NODE_LABEL, value="true", effect="NoSchedule")
-REAL_NODE_GPUS = 16  # an extended resource: enough for every real-shape pod at once
+REAL_NODE_GPUS = 32  # an extended resource: enough for every real-shape pod at once
 # What the kubelet's container manager sets on start (pkg/kubelet/cm setupKernelTunables). With
 # protectKernelDefaults it refuses to start on a host that differs instead; no setting leaves them.
 HOST_SYSCTLS = (
