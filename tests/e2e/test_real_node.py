@@ -370,6 +370,16 @@ def test_real_pods_list_as_their_corpus_shapes(fleet: Fleet, devcluster: DevClus
     assert (st.last_state.terminated.reason, st.last_state.terminated.exit_code) == ("Error", 1)
 
 
+def real_config(tmp: Path, prometheus_url: str, mode: str) -> Path:
+    """test_controller's controller config, with a long window no run here reaches: every shape
+    below is judged within the corpus's short window (none of them expects IDLE_HELD)."""
+    path = controller_config(tmp, prometheus_url, mode)
+    cfg = yaml.safe_load(path.read_text())
+    cfg["controller"]["longWindow"] = 60
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
 def test_shadow_verdicts_then_enforce_then_restore(
     fleet: Fleet, devcluster: DevCluster, dcgm: FakeDcgmClient, prometheus_url: str, tmp_path: Path
 ) -> None:
@@ -380,9 +390,9 @@ def test_shadow_verdicts_then_enforce_then_restore(
                 fleet.ns, fleet.pods[shape.name], util=0.0, fb_used_mib=mem, container=c, node="localhost"
             )
     opt_in(devcluster, fleet.ns)
-    # A long window no run reaches: every shape here is judged within the corpus's short window.
-    cfg = controller_config(tmp_path, prometheus_url, "shadow", longWindow=60)
-    shadow = Controller(devcluster.kubeconfig, cfg, tmp_path, "shadow")
+    shadow = Controller(
+        devcluster.kubeconfig, real_config(tmp_path, prometheus_url, "shadow"), tmp_path, "shadow"
+    )
     expected = {s.name: s.expect for s in SHAPES}
     try:
         shadow.wait_polls(4, timeout=180)
@@ -403,7 +413,7 @@ def test_shadow_verdicts_then_enforce_then_restore(
 
     enforce = Controller(
         devcluster.kubeconfig,
-        controller_config(tmp_path, prometheus_url, "enforce", longWindow=60),
+        real_config(tmp_path, prometheus_url, "enforce"),
         tmp_path,
         "enforce",
     )
