@@ -483,11 +483,6 @@ def _rmdir_tree(root: Path, timeout: float = 10) -> bool:
         time.sleep(0.1)
 
 
-def host_sysctl_ledger() -> dict[str, Any] | None:
-    f = LEDGER_DIR / "realnode-sysctls.json"
-    return json.loads(f.read_text()) if f.exists() else None
-
-
 def write_kubelet_files(
     lay: Layout, server: str, pki_dir: Path, ca: Path, ports: tuple[int, int], spec: GpuNodeSpec
 ) -> None:
