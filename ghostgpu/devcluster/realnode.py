@@ -222,6 +222,8 @@ def kubelet_config(
         "imageGCHighThresholdPercent": 100,
         "imageGCLowThresholdPercent": 99,
         "serializeImagePulls": False,
+        # Ready as soon as the runtime is: the first status otherwise waits for the 10 s default.
+        "nodeStatusUpdateFrequency": "1s",
         "nodeStatusReportFrequency": "10s",
         "syncFrequency": "5s",
         "fileCheckFrequency": "5s",
