@@ -1,6 +1,7 @@
 """`ghostgpu devcluster up|down|status`: a real control plane (etcd, kube-apiserver,
-kube-controller-manager, kube-scheduler) with kwok GPU nodes, Kueue and Kyverno running out of
-cluster, a fake dcgm-exporter and Prometheus. Everything listens on 127.0.0.1 only, on ports picked
+kube-controller-manager, kube-scheduler) with kwok GPU nodes and one real node (kubelet, containerd,
+runc: ghostgpu.devcluster.realnode), Kueue and Kyverno running out of cluster, a fake dcgm-exporter
+and Prometheus. Everything listens on 127.0.0.1 only, on ports picked
 at start-up, and is recorded in <state>/state.json so `down` can stop exactly what `up` started."""
 
 from __future__ import annotations
@@ -86,6 +87,7 @@ class DevCluster:
     >>> c.process_tables.set("ns", "pod", [ProcessRow(pid=1, stat="Ss", args="python serve.py")])
     >>> c.dcgm.set("ns", "pod", util=0, fb_used_mib=1024)
     >>> c.state.prometheus_url                  # the real Prometheus scraping the fake exporter
+    >>> c.state.real_node                       # "localhost": kubelet + containerd, real pods
     >>> c.down()
     """
 
