@@ -548,15 +548,20 @@ class _Starter:
             "kube-scheduler",
             [
                 str(self.tools.kube_scheduler),
-                f"--kubeconfig={kc}",
+                # Its kubeconfig and leader election are in the config file (which overrides flags).
+                f"--config={self._scheduler_config(kc)}",
                 f"--authentication-kubeconfig={kc}",
                 f"--authorization-kubeconfig={kc}",
                 "--bind-address=127.0.0.1",
                 f"--secure-port={self.ports['scheduler']}",
-                "--leader-elect=false",
                 "--v=1",
             ],
         )
+
+    def _scheduler_config(self, kubeconfig: str) -> Path:
+        path = self.dir / "kube-scheduler.yaml"
+        path.write_text(yaml.safe_dump(realnode.scheduler_config(kubeconfig), sort_keys=True))
+        return path
 
     def _kwok(self) -> None:
         cfg = components.kwok_stage_config(self.tools.kwok_stage_dir, self.dir / "kwok.yaml")

@@ -37,6 +37,10 @@ REAL_NODE_NAME = "localhost"
 # here) never do.
 REAL_NODE_LABEL = "ghostgpu.io/real-node"
 REAL_NODE_TAINT = Taint(key=REAL_NODE_LABEL, value="true", effect="NoSchedule")
+# Tolerating the taint is not enough (a test pod that tolerates everything would land there and
+# never pull its image): the default scheduler profile never places a pod on the real node, and
+# only pods of this profile (`schedulerName`) go there.
+REAL_NODE_SCHEDULER = "ghostgpu-real-node"
 REAL_NODE_GPUS = 32  # an extended resource: enough for every real-shape pod at once
 # What the kubelet's container manager sets on start (pkg/kubelet/cm setupKernelTunables). With
 # protectKernelDefaults it refuses to start on a host that differs instead; no setting leaves them.
@@ -91,6 +95,33 @@ def build_images() -> NodeImages:
         )
     except KeyError as e:
         raise RuntimeError(f"hack/build-image --node-images printed no {e.args[0]}=: {r.stdout!r}") from e
+
+
+def _added_affinity(operator: str) -> dict[str, Any]:
+    values = {"values": ["true"]} if operator == "In" else {}
+    term = {"matchExpressions": [{"key": REAL_NODE_LABEL, "operator": operator, **values}]}
+    return {
+        "name": "NodeAffinity",
+        "args": {
+            "addedAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [term]}}
+        },
+    }
+
+
+def scheduler_config(kubeconfig: str) -> dict[str, Any]:
+    """kube-scheduler's configuration: two profiles whose NodeAffinity plugin adds an affinity to
+    every pod they schedule (upstream's NodeAffinityArgs.addedAffinity): `default-scheduler` keeps
+    off the real node whatever a pod tolerates, `ghostgpu-real-node` places only there."""
+    return {
+        "apiVersion": "kubescheduler.config.k8s.io/v1",
+        "kind": "KubeSchedulerConfiguration",
+        "clientConnection": {"kubeconfig": kubeconfig},
+        "leaderElection": {"leaderElect": False},
+        "profiles": [
+            {"schedulerName": "default-scheduler", "pluginConfig": [_added_affinity("DoesNotExist")]},
+            {"schedulerName": REAL_NODE_SCHEDULER, "pluginConfig": [_added_affinity("In")]},
+        ],
+    }
 
 
 def cgroup_root_name(state_dir: Path) -> str:

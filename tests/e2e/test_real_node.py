@@ -12,7 +12,10 @@ their real containers back."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -30,8 +33,8 @@ from test_controller import REPO, Controller, controller_config, opt_in, wait_fo
 
 from ghostgpu.config import ControllerConfig
 from ghostgpu.controller.evidence import policy_from_config
-from ghostgpu.devcluster import DevCluster, FakeDcgmClient
-from ghostgpu.devcluster.realnode import REAL_NODE_LABEL, REAL_NODE_TAINT
+from ghostgpu.devcluster import DevCluster, FakeDcgmClient, realnode
+from ghostgpu.devcluster.realnode import REAL_NODE_LABEL, REAL_NODE_SCHEDULER, REAL_NODE_TAINT
 from ghostgpu.signals.podexec import ExecResult, KubeExec, PodRef
 from ghostgpu.signals.processes import ProcessSource, parse_ps
 from ghostgpu.verdict import SignalFailure, classify_listing
@@ -183,6 +186,7 @@ def deployment(shape: RealShape, ns: str, images: dict[str, str]) -> dict[str, A
         # containerd 1.6 gives a pod network only with an eth0 address: the real node's pods share
         # the host's network namespace (nothing in them talks to anything but loopback).
         "hostNetwork": True,
+        "schedulerName": REAL_NODE_SCHEDULER,  # the default scheduler never places a pod there
         "nodeSelector": {REAL_NODE_LABEL: "true"},
         "tolerations": [GPU_TOLERATION, {"key": REAL_NODE_TAINT.key, "operator": "Exists"}],
         "terminationGracePeriodSeconds": 1,
@@ -452,6 +456,53 @@ def test_shadow_verdicts_then_enforce_then_restore(
                 list_real(devcluster.kubeconfig, [PodRef(fleet.ns, pod, c) for c in shape.containers])
             )
             assert all(not isinstance(v, SignalFailure) and v for v in listings.values()), listings
+
+
+def host_traces(state_dir: Path) -> dict[str, Any]:
+    """What a real node of state_dir could leave on the host."""
+    lay = realnode.Layout(state_dir)
+    mounts = [ln for ln in Path("/proc/self/mountinfo").read_text().splitlines() if str(lay.dir) in ln]
+    shims = [
+        c for c in realnode._cmdlines_matching("containerd-shim-runc-v2").values() if str(lay.socket) in c
+    ]
+    return {
+        "mounts": mounts,
+        "cgroups": [str(d) for d in lay.cgroup_dirs() if d.exists()],
+        "shims": shims,
+        "kubelet": realnode.kubelet_running(state_dir),
+    }
+
+
+def test_a_second_real_node_survives_kill_9_and_down_leaves_the_host_as_it_was(
+    devcluster: DevCluster, tmp_path: Path
+) -> None:
+    """A second devcluster beside the session's (its own real node), a real pod on it, every one
+    of its processes SIGKILLed; `up` again works, and `down` leaves no mount, cgroup, shim or
+    kubelet, and the sysctls as they were (the session's kubelet still holds its own)."""
+    before = realnode.read_sysctls()
+    second = DevCluster.up(tmp_path, addons=())
+    assert second.state.real_node, second.state.real_node_error
+    assert realnode.cgroup_root_name(tmp_path) != realnode.cgroup_root_name(Path(devcluster.state.state_dir))
+    images = second.state.node_images
+    assert images is not None
+    shape = RealShape("sleep-max-int-holder", {"main": Box(["sleep", "2147483647"])})
+    second.kube.apply(deployment(shape, "default", {"workload": images.workload}))
+    f = Fleet(second, "default")
+    wait_for(lambda: f.running_pod(shape), 90, "a pod on the second real node")
+    assert host_traces(tmp_path)["mounts"] and host_traces(tmp_path)["shims"]
+    for p in second.state.processes:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(p.pid, signal.SIGKILL)
+    again = DevCluster.up(tmp_path, addons=())  # clears what the killed run left, starts afresh
+    try:
+        assert again.state.real_node, again.state.real_node_error
+        f = Fleet(again, "default")
+        again.kube.apply(deployment(shape, "default", {"workload": images.workload}))
+        wait_for(lambda: f.running_pod(shape), 90, "the pod on the restarted real node")
+    finally:
+        again.down()
+    assert host_traces(tmp_path) == {"mounts": [], "cgroups": [], "shims": [], "kubelet": False}
+    assert realnode.read_sysctls() == before
 
 
 def test_real_node_is_a_gpu_node_kwok_does_not_manage(devcluster: DevCluster) -> None:
