@@ -9,7 +9,9 @@ $GHOSTGPU_KUEUE_VERSION (hack/test's second pass of the tests marked `kueue`, on
 KUEUE_EXTRA_VERSIONS release); `devcluster.state.kueue_version` says which.
 
 Fixtures other parts use:
-  devcluster      DevCluster: .kubeconfig, .state.prometheus_url, .process_tables, .dcgm, .kube
+  devcluster      DevCluster: .kubeconfig, .state.prometheus_url, .process_tables, .dcgm, .kube,
+                  .state.real_node (the real node's name, or None and .state.real_node_error:
+                  tests/e2e/test_real_node.py fails with that reason, never skips)
   kubeconfig      Path of the admin kubeconfig
   namespace       a fresh namespace per test (deleted afterwards); `make_namespace(labels)` for more
   process_tables  ProcessTables: .set(ns, pod, [ProcessRow(...)]) scripts what `ps` prints in a pod
