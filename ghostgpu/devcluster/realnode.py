@@ -16,6 +16,7 @@ import fcntl
 import hashlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -152,13 +153,18 @@ class Layout:
     def __init__(self, state_dir: Path) -> None:
         self.state_dir = state_dir
         self.dir = state_dir / "realnode"
+        # Unix socket paths end at 107 bytes, and a state dir under pytest's tmp (an xdist worker, a
+        # long test name) is longer than that leaves room for: the kubelet's root (its pod-resources,
+        # plugin and device-plugin sockets) and containerd's socket live under a short directory of
+        # their own, named like the cgroupRoot. It is on tmpfs; the kubelet keeps little there.
+        self.run_dir = LEDGER_DIR / cgroup_root_name(state_dir)
         self.containerd_root = self.dir / "containerd" / "root"
         self.containerd_state = self.dir / "containerd" / "state"
-        self.socket = self.dir / "containerd.sock"
+        self.socket = self.run_dir / "containerd.sock"
         self.runc_root = self.dir / "runc"
         self.containerd_config = self.dir / "containerd.toml"
         self.cni_conf = self.dir / "cni"
-        self.kubelet_root = self.dir / "kubelet"
+        self.kubelet_root = self.run_dir / "kubelet"
         self.kubelet_config = self.dir / "kubelet-config.yaml"
         self.kubelet_kubeconfig = self.dir / "kubelet.kubeconfig"
         self.pod_logs = self.dir / "pod-logs"
@@ -470,10 +476,13 @@ def cleanup(state_dir: Path) -> list[str]:
     if shims:
         did.append(f"killed {len(shims)} shims")
     _wait_gone(kubelets + containerds + list(shims) + pids)
-    for point in _mounts_under(lay.dir):
+    for point in _mounts_under(lay.dir) + _mounts_under(lay.run_dir):
         if subprocess.run(["umount", point], capture_output=True, check=False).returncode != 0:
             subprocess.run(["umount", "-l", point], capture_output=True, check=False)
         did.append(f"unmounted {point}")
+    if lay.run_dir.exists() and not _mounts_under(lay.run_dir):
+        shutil.rmtree(lay.run_dir, ignore_errors=True)
+        did.append(f"removed {lay.run_dir}")
     for d in lay.cgroup_dirs():
         if _rmdir_tree(d):
             did.append(f"removed cgroup {d}")
