@@ -541,7 +541,9 @@ def test_pending_job_admitted_once_ghosts_are_gone(
     kueue_objs = [
         {"kind": "Topology", "metadata": {"name": topo}, "spec": {"levels": [{"nodeLabel": HOSTNAME}]}},
         {"kind": "ResourceFlavor", "metadata": {"name": flavor},
-         "spec": {"nodeLabels": H100, "topologyName": topo, "tolerations": gpu_toleration}},
+         # The kwok H100 nodes only: the real node carries the H100 labels too, behind its own taint.
+         "spec": {"nodeLabels": {**H100, "type": "kwok"}, "topologyName": topo,
+                  "tolerations": gpu_toleration}},
         {"kind": "ClusterQueue", "metadata": {"name": cq},
          "spec": {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns}},
                   "resourceGroups": [{"coveredResources": ["nvidia.com/gpu"],
