@@ -32,9 +32,9 @@ from pydantic import (
 )
 from pydantic.alias_generators import to_camel
 
+from ghostgpu.actuators import Actuator
 from ghostgpu.autonomy import AutonomyConfig
 from ghostgpu.config_errors import ConfigError, ConfigIssue, format_path, issues_from_validation, parse_yaml
-from ghostgpu.controller.actuators import Actuator
 from ghostgpu.image_ref import validate_image_ref
 from ghostgpu.quantity import Duration, Quantity
 from ghostgpu.verdict import ProcessPolicy

@@ -20,10 +20,10 @@ from typing import Any
 import yaml
 
 from ghostgpu import __version__
+from ghostgpu.actuators import ActuatorTable
 from ghostgpu.config import ControllerConfig, load_config, load_controller_config
 from ghostgpu.controller import keys
 from ghostgpu.controller.accounting import FlavorSpec, node_flavor
-from ghostgpu.controller.actuators import ActuatorTable
 from ghostgpu.controller.budget import BudgetedApi, BudgetedExec, BudgetMetrics, RequestBudget
 from ghostgpu.controller.decisions import DecisionLog
 from ghostgpu.controller.gitops import ApiReader, GitOpsPreflight

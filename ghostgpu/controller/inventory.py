@@ -16,6 +16,7 @@ from sys import intern
 from types import MappingProxyType
 from typing import Any, Literal, NamedTuple
 
+from ghostgpu.actuators import POD_CONTROLLERS
 from ghostgpu.controller import keys
 from ghostgpu.controller.packing import pack, unpack
 from ghostgpu.quantity import Quantity
@@ -381,7 +382,7 @@ def pods_by_workload(
         # A manager's pods are its by controller ownerReferences, and only its GPU pods are judged
         # (a RayCluster's CPU head has no GPU series); a Deployment's or StatefulSet's must also
         # match its selector (a pod sharing a name prefix is not its pod).
-        if ref.kind in ("Deployment", "StatefulSet"):
+        if ref.kind in POD_CONTROLLERS:
             if not selector_matches(wl.selector, pod.labels):
                 continue
         elif ref.kind != "Pod" and not pod.gpu_requests:

@@ -6,10 +6,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from ghostgpu.actuators import ActuatorTable
 from ghostgpu.config import ControllerConfig
 from ghostgpu.controller import keys, stops
 from ghostgpu.controller.accounting import FlavorAccount, FlavorSpec, node_flavor
-from ghostgpu.controller.actuators import ActuatorTable
 from ghostgpu.controller.app import LoadedConfig, _kube_api, _slim_node, discover_flavors
 from ghostgpu.controller.inventory import (
     OwnerRef,

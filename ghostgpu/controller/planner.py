@@ -10,6 +10,7 @@ from typing import Literal
 
 import yaml
 
+from ghostgpu.actuators import Actuator, ActuatorTable, table_from
 from ghostgpu.autonomy import (
     ActionClass,
     ActionClassSpec,
@@ -19,7 +20,6 @@ from ghostgpu.autonomy import (
     decide_action,
 )
 from ghostgpu.config import ControllerConfig
-from ghostgpu.controller.actuators import Actuator, ActuatorTable, table_from
 from ghostgpu.controller.inventory import Workload
 from ghostgpu.controller.stops import describe_stop
 from ghostgpu.verdict import RECLAIMABLE_KINDS, Reason, Verdict, VerdictKind

@@ -28,11 +28,11 @@ from datetime import UTC, datetime
 from operator import itemgetter
 from typing import Any
 
+from ghostgpu.actuators import RECLAIMED_FROM_RECORD, Actuator, table_from
 from ghostgpu.autonomy import AutonomyConfig
 from ghostgpu.config import ControllerConfig
 from ghostgpu.controller import budget, keys, stops
 from ghostgpu.controller.accounting import FlavorAccount, FlavorSpec, account, node_flavor
-from ghostgpu.controller.actuators import RECLAIMED_FROM_RECORD, Actuator, table_from
 from ghostgpu.controller.decisions import DecisionLog, DecisionRow
 from ghostgpu.controller.evidence import (
     SettledPlan,

@@ -15,8 +15,8 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from ghostgpu.actuators import RECLAIMED_FROM_RECORD, Actuator
 from ghostgpu.controller import keys
-from ghostgpu.controller.actuators import RECLAIMED_FROM_RECORD, Actuator
 from ghostgpu.controller.inventory import WorkloadRef
 from ghostgpu.controller.kube import AdmissionDenied, Conflict, NotFound
 

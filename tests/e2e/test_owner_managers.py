@@ -37,8 +37,7 @@ from owner_double import STOP_ANNOTATION, NotebookControllerDouble
 from proctables import FINISHED
 from test_controller import H100, LEASE_NS, REPO, WINDOW, Controller, controller_config, wait_for
 
-from ghostgpu.config import ControllerConfig
-from ghostgpu.controller.actuators import (
+from ghostgpu.actuators import (
     _MISSING,
     RECLAIMED_FROM_RECORD,
     ActuatorTable,
@@ -46,6 +45,7 @@ from ghostgpu.controller.actuators import (
     get_pointer,
     merge_patch_for,
 )
+from ghostgpu.config import ControllerConfig
 from ghostgpu.controller.decisions import DecisionLog
 from ghostgpu.controller.inventory import gpu_predicate
 from ghostgpu.controller.kube import Cluster

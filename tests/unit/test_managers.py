@@ -20,14 +20,14 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from ghostgpu.config import ControllerConfig
-from ghostgpu.controller.actuators import (
+from ghostgpu.actuators import (
     RECLAIMED_FROM_RECORD,
     Actuator,
     ActuatorTable,
     builtin_actuators,
     gpu_cel,
 )
+from ghostgpu.config import ControllerConfig
 from ghostgpu.controller.decisions import DecisionLog
 from ghostgpu.controller.inventory import OwnerRef, WorkloadRef, gpu_predicate, pod_view, workload_from
 from ghostgpu.controller.kube import Conflict, NotFound
