@@ -274,6 +274,15 @@ class Actuator(_Model):
         return rules
 
 
+def describe_stop(a: Actuator) -> str:
+    """The stop in a few words, for Events and the risk gate's description."""
+    if a.stop == "annotation":
+        return f"annotation {a.annotation}={a.value}"
+    if a.stop == "field":
+        return f"{a.field}={a.value}"
+    return "scale to 0"
+
+
 # Container lists of the common pod-template shapes.
 _TEMPLATE = ["/spec/template/spec/containers", "/spec/template/spec/initContainers"]
 

@@ -619,7 +619,7 @@ class ControllerConfig(Model):
         "them on node changes, not on pod deletions; v0.19.1+ also on pod deletions, within 10 s); "
         "only useful with TAS flavors; renders `patch` on nodes into the controller's ClusterRole",
     )
-    # Kueue's books (controller/reservation.py, docs/reservation.md): GPUs that live non-Kueue work
+    # Kueue's books (controller/books/reservation.py, docs/reservation.md): GPUs that live non-Kueue work
     # holds are reserved in the team's ClusterQueue by owner-less placeholder Workloads.
     reservation: Literal["off", "shadow", "enforce"] = Field(
         "off",

@@ -145,7 +145,7 @@ def report(
 ) -> None:
     """Summarise the shadow-mode decision history: GPU-hours that would have been reclaimed,
     misses (UNKNOWN runs) and whether each cleared on a later poll or persisted."""
-    from ghostgpu.controller.decisions import parse_lines, summarize
+    from ghostgpu.controller.books.decisions import parse_lines, summarize
 
     if source.startswith(("http://", "https://")):
         import httpx

@@ -14,16 +14,13 @@ from datetime import datetime
 from functools import lru_cache
 from sys import intern
 from types import MappingProxyType
-from typing import Any, Literal, NamedTuple
+from typing import Any, NamedTuple
 
 from ghostgpu.actuators import POD_CONTROLLERS
 from ghostgpu.controller import keys
 from ghostgpu.controller.packing import pack, unpack
 from ghostgpu.quantity import Quantity
 from ghostgpu.signals.faults import PodFaults, pod_faults
-
-Kind = Literal["Deployment", "StatefulSet", "Pod"]
-KINDS: tuple[Kind, ...] = ("Deployment", "StatefulSet", "Pod")
 
 
 class WorkloadRef(NamedTuple):

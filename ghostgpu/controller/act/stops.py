@@ -1,5 +1,5 @@
 """Stopping and restoring a manager through its actuator (annotation and field stops; a `scale`
-actuator goes through the scale subresource like a Deployment, Reconciler.scale_to_zero).
+row goes through the scale subresource, act/stopping.py: Stopper.scale_to_zero).
 
 The stop and its record (`ghostgpu.io/reclaimed-from`, the previous value of every pointer the stop
 writes) are ONE merge patch with the object's resourceVersion as precondition: the object is never
@@ -21,14 +21,6 @@ from ghostgpu.controller.inventory import WorkloadRef
 from ghostgpu.controller.kube import AdmissionDenied, Conflict, NotFound
 
 log = logging.getLogger("ghostgpu.controller")
-
-
-def describe_stop(a: Actuator) -> str:
-    if a.stop == "annotation":
-        return f"annotation {a.annotation}={a.value}"
-    if a.stop == "field":
-        return f"{a.field}={a.value}"
-    return "scale to 0"
 
 
 @dataclass(frozen=True)
