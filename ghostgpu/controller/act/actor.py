@@ -199,7 +199,7 @@ class Actor:
         ann = meta.get("annotations") or {}
         if meta.get("deletionTimestamp"):
             return "already-terminating"
-        if ann.get(keys.RECLAIM_POLICY) == "never" or ann.get(keys.GPU_EVICTION_POLICY) == "never":
+        if keys.refuses_reclaim(ann):
             return "exempt"
         if not self.is_leader():
             return "not-leader"

@@ -126,7 +126,7 @@ class Stopper:
         replicas = int((fresh.get("spec") or {}).get("replicas", 1) or 0)
         if replicas == 0:
             return "already-zero"  # someone (the other replica, a person) already did it
-        if ann.get(keys.RECLAIM_POLICY) == "never" or ann.get(keys.GPU_EVICTION_POLICY) == "never":
+        if keys.refuses_reclaim(ann):
             return "exempt"
         if not self.is_leader():
             return "not-leader"

@@ -51,7 +51,7 @@ async def stop(
     ann = meta.get("annotations") or {}
     if a.is_stopped(fresh):
         return StopOutcome("already-stopped", fresh)  # someone (a person, the other replica) did
-    if ann.get(keys.RECLAIM_POLICY) == "never" or ann.get(keys.GPU_EVICTION_POLICY) == "never":
+    if keys.refuses_reclaim(ann):
         return StopOutcome("exempt", fresh)
     if not is_leader:
         return StopOutcome("not-leader", fresh)

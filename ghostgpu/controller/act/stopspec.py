@@ -30,4 +30,3 @@ def replicas_zero(obj: Mapping[str, Any]) -> bool:
 
 # A scale row's stop (the actuator table's Deployment and StatefulSet rows write the same pointer).
 SCALE_TO_ZERO = StopSpec(("/spec/replicas",), replicas_zero)
-
