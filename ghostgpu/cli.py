@@ -3,13 +3,37 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
+from typing import Any
 
 import typer
 
 from ghostgpu import __version__
 
-app = typer.Typer(
+
+class _BoundaryApp(typer.Typer):
+    """The app every command runs in: a failure ghostgpu can name (ghostgpu.boundary.explain)
+    ends in its one or two lines and exit 2, for every command alike; `--debug` keeps the
+    traceback."""
+
+    debug = False
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return super().__call__(*args, **kwargs)
+        except Exception as exc:
+            from ghostgpu.boundary import EXIT_CODE, explain
+
+            lines = None if self.debug else explain(exc)
+            if lines is None:
+                raise
+            for line in lines:
+                print(line, file=sys.stderr)
+            sys.exit(EXIT_CODE)
+
+
+app = _BoundaryApp(
     name="ghostgpu",
     help="Find GPU workloads that bypass Kueue, prove they are idle, and reclaim them safely.",
     no_args_is_help=True,
@@ -29,8 +53,12 @@ def main(
     version: bool = typer.Option(
         False, "--version", callback=_version, is_eager=True, help="Print the version."
     ),
+    debug: bool = typer.Option(
+        False, "--debug", help="Print the full traceback of a failure instead of its one-line message."
+    ),
 ) -> None:
     """ghostgpu command line."""
+    _BoundaryApp.debug = debug
 
 
 # --- render ---
@@ -274,6 +302,39 @@ def dashboard_preview(
     from ghostgpu.dashboard.preview import run_preview_command
 
     code = run_preview_command(prometheus, out, start, end, minutes, json_out, from_json, echo=typer.echo)
+    if code:
+        raise typer.Exit(code)
+
+
+# --- doctor ---
+
+_DOC_CONFIG = typer.Option(
+    None,
+    "-c",
+    "--config",
+    help="ghostgpu.yaml the bundles were rendered from (default: the embedded example).",
+)
+_DOC_KUBECONFIG = typer.Option(
+    None, "--kubeconfig", help="Kubeconfig file (default: KUBECONFIG, ~/.kube/config)."
+)
+_DOC_PROM = typer.Option(
+    None, "--prometheus-url", help="Override controller.prometheus.url (e.g. a port-forward to it)."
+)
+_DOC_JSON = typer.Option(False, "--json", help="Print the rows as JSON (for CI).")
+
+
+@app.command()
+def doctor(
+    config: Path | None = _DOC_CONFIG,
+    kubeconfig: str | None = _DOC_KUBECONFIG,
+    prometheus_url: str | None = _DOC_PROM,
+    as_json: bool = _DOC_JSON,
+) -> None:
+    """Check, read-only, what ghostgpu needs from this cluster and its Prometheus: one row per
+    prerequisite (ok, warn, fail, skip) with what was found and the fix; exit 1 when a row fails."""
+    from ghostgpu.doctor.command import run_doctor_command
+
+    code = run_doctor_command(config, kubeconfig, prometheus_url, as_json, echo=typer.echo)
     if code:
         raise typer.Exit(code)
 

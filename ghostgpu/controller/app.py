@@ -200,9 +200,9 @@ ARRIVAL_JITTER_S = 0.1
 
 
 async def _kube_api(kubeconfig: str | None) -> Any:
-    import kr8s.asyncio
+    from ghostgpu.boundary import kube_api
 
-    api = await (kr8s.asyncio.api(kubeconfig=kubeconfig) if kubeconfig else kr8s.asyncio.api())
+    api = await kube_api(kubeconfig)  # a BoundaryError names what is missing
     _identify(api, CONTROLLER_USER_AGENT)
     return api
 

@@ -31,6 +31,11 @@ def up(
     no_kueue: bool = typer.Option(False, "--no-kueue", help="Skip the Kueue manager and CRDs."),
     no_kyverno: bool = typer.Option(False, "--no-kyverno", help="Skip the Kyverno controllers and CRDs."),
     no_prometheus: bool = typer.Option(False, "--no-prometheus", help="Skip Prometheus and fake dcgm."),
+    no_real_node: bool = typer.Option(
+        False,
+        "--no-real-node",
+        help="Skip the real node (kubelet, containerd, runc: real pods and processes).",
+    ),
     bundles: bool = typer.Option(
         False, "--bundles", help="Then server-side apply kueue/ policies/ controller/."
     ),
@@ -56,12 +61,19 @@ def up(
     addons = tuple(a for a in ALL_ADDONS if not skip[a])
     t0 = time.monotonic()
     try:
-        cluster = DevCluster.up(state_dir, addons=addons)
+        cluster = DevCluster.up(state_dir, addons=addons, real_node=not no_real_node)
     except (FileNotFoundError, RuntimeError, TimeoutError, ValueError) as e:
         typer.echo(f"devcluster up failed: {e}", err=True)
         raise typer.Exit(1) from e
     for line in status_lines(cluster.state):
         typer.echo(line)
+    if cluster.state.real_node_error:
+        typer.echo(
+            "devcluster up: the real node did not start (the rest of the cluster runs; "
+            "--no-real-node starts without it)",
+            err=True,
+        )
+        raise typer.Exit(1)
     if bundles:
         from ghostgpu.devcluster.bundles import apply_bundles
 

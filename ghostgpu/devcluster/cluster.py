@@ -1,6 +1,7 @@
 """`ghostgpu devcluster up|down|status`: a real control plane (etcd, kube-apiserver,
-kube-controller-manager, kube-scheduler) with kwok GPU nodes, Kueue and Kyverno running out of
-cluster, a fake dcgm-exporter and Prometheus. Everything listens on 127.0.0.1 only, on ports picked
+kube-controller-manager, kube-scheduler) with kwok GPU nodes and one real node (kubelet, containerd,
+runc: ghostgpu.devcluster.realnode), Kueue and Kyverno running out of cluster, a fake dcgm-exporter
+and Prometheus. Everything listens on 127.0.0.1 only, on ports picked
 at start-up, and is recorded in <state>/state.json so `down` can stop exactly what `up` started."""
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ import json
 import os
 import shutil
 import ssl
+import subprocess
 import sys
 import time
 from collections.abc import Callable, Mapping
@@ -21,12 +23,13 @@ import yaml
 from kubernetes import client
 from pydantic import BaseModel, Field
 
-from ghostgpu.devcluster import components, procs
+from ghostgpu.devcluster import components, procs, realnode
 from ghostgpu.devcluster.certs import CertAuthority, service_account_keys
 from ghostgpu.devcluster.fake_dcgm import FakeDcgmClient
 from ghostgpu.devcluster.kube import Kube, load_yaml_docs
 from ghostgpu.devcluster.kwok_exec import ProcessTables, install_shims
 from ghostgpu.devcluster.nodes import (
+    GPU_RESOURCE,
     KWOK_NODE_ANNOTATION,
     KWOK_NODE_ANNOTATION_VALUE,
     GpuNodeSpec,
@@ -59,6 +62,10 @@ class ClusterState(BaseModel):
     startup_seconds: dict[str, float] = Field(default_factory=dict)
     # The Kueue release running (hack/versions.env KUEUE_VERSION or $GHOSTGPU_KUEUE_VERSION).
     kueue_version: str | None = None
+    # The real node (kubelet + containerd) when it runs; why not, when it was asked for and failed.
+    real_node: str | None = None
+    real_node_error: str | None = None
+    node_images: realnode.NodeImages | None = None
 
     @property
     def prometheus_url(self) -> str:
@@ -80,6 +87,7 @@ class DevCluster:
     >>> c.process_tables.set("ns", "pod", [ProcessRow(pid=1, stat="Ss", args="python serve.py")])
     >>> c.dcgm.set("ns", "pod", util=0, fb_used_mib=1024)
     >>> c.state.prometheus_url                  # the real Prometheus scraping the fake exporter
+    >>> c.state.real_node                       # "localhost": kubelet + containerd, real pods
     >>> c.down()
     """
 
@@ -169,9 +177,12 @@ class DevCluster:
         addons: tuple[str, ...] = ALL_ADDONS,
         log: Callable[[str], None] = lambda m: print(m, file=sys.stderr),
         audit_policy: str | None = None,
+        real_node: bool = True,
     ) -> DevCluster:
         """`audit_policy`: an audit Policy (YAML text); the apiserver then writes its audit log to
-        `<state_dir>/logs/audit.log` (the scale bench counts the controller's requests there)."""
+        `<state_dir>/logs/audit.log` (the scale bench counts the controller's requests there).
+        `real_node`: also start the real node (kubelet, containerd, runc: ghostgpu.devcluster.realnode).
+        If it cannot start, the rest of the cluster still runs and `state.real_node_error` says why."""
         state_dir = state_dir or default_state_dir()
         existing = cls.attach(state_dir)
         if existing is not None:
@@ -186,6 +197,7 @@ class DevCluster:
         needed += ["kueue"] if "kueue" in addons else []
         needed += ["kyverno_admission", "kyverno_background"] if "kyverno" in addons else []
         needed += ["prometheus"] if "prometheus" in addons else []
+        needed += ["kubelet", "containerd", "ctr", "runc", "containerd_shim"] if real_node else []
         missing = tools.missing(*needed)
         if missing:
             build = "hack/testbin" + (f" kueue@{tools.kueue_version}" if str(tools.kueue) in missing else "")
@@ -193,7 +205,9 @@ class DevCluster:
         cls._stop_recorded(state_dir)  # a half-dead previous cluster: clear it first
         if state_dir.exists():
             shutil.rmtree(state_dir)
-        starter = _Starter(state_dir, tools, nodes or default_nodes(), tuple(addons), log, audit_policy)
+        starter = _Starter(
+            state_dir, tools, nodes or default_nodes(), tuple(addons), log, audit_policy, real_node
+        )
         try:
             state = starter.run()
         except BaseException:
@@ -208,13 +222,16 @@ class DevCluster:
     def _stop_recorded(state_dir: Path) -> list[str]:
         f = state_dir / "state.json"
         if not f.exists():
-            return []
+            return realnode.cleanup(state_dir) if (state_dir / "realnode").exists() else []
         state = ClusterState.model_validate_json(f.read_text())
         stopped = []
         for p in reversed(state.processes):  # dependents first, etcd last
             if procs.alive(p):
                 procs.stop(p)
                 stopped.append(p.name)
+        if (state_dir / "realnode").exists():
+            # Its containers, shims, mounts and cgroups outlive kubelet and containerd.
+            stopped += realnode.cleanup(state_dir)
         # Only meaningful right after we stopped something: once the recorded processes are long
         # gone, other programs may legitimately have the same (randomly picked) ports.
         busy = [f"{n}:{port}" for n, port in state.ports.items() if stopped and procs.port_open(port)]
@@ -256,8 +273,10 @@ class _Starter:
         addons: tuple[str, ...],
         log: Callable[[str], None],
         audit_policy: str | None = None,
+        real_node: bool = False,
     ) -> None:
         self.dir = state_dir
+        self.real_node = real_node
         self.audit_policy = audit_policy
         self.tools = tools
         self.nodes = nodes
@@ -276,6 +295,7 @@ class _Starter:
             "kyverno_bg_metrics",
         ]
         names += ["dcgm", "prometheus"]
+        names += ["kubelet", "kubelet_healthz", "cri_stream"] if real_node else []
         self.ports = {n: procs.free_port() for n in names}
         self.kubeconfig = state_dir / "kubeconfig"
         self.state = ClusterState(
@@ -336,6 +356,8 @@ class _Starter:
         if "prometheus" in self.addons:
             self._prometheus()
         self._nodes()
+        if self.real_node:
+            self._start_real_node()
         self._wait_addons()
         self._mark("cluster")
         return self.state
@@ -351,6 +373,10 @@ class _Starter:
         self.pki.issue("admin", "ghostgpu-admin", org="system:masters", client=True)
         self.pki.issue("kubelet-client", "kube-apiserver-kubelet-client", org="system:masters", client=True)
         self.pki.issue("kwok", "kwok", server=True, dns=("localhost",), ips=("127.0.0.1",))
+        if self.real_node:
+            node = realnode.REAL_NODE_NAME
+            self.pki.issue("real-node", f"system:node:{node}", org="system:nodes", client=True)
+            self.pki.issue("real-node-serving", node, server=True, dns=(node,), ips=("127.0.0.1",))
         kueue_dir = self.dir / "kueue-certs"
         kueue_dir.mkdir()
         pair = self.pki.issue(
@@ -447,7 +473,11 @@ class _Starter:
                 f"--tls-cert-file={pki / 'apiserver.crt'}",
                 f"--tls-private-key-file={pki / 'apiserver.key'}",
                 f"--client-ca-file={self.pki.cert_path}",
-                "--authorization-mode=RBAC",
+                # Node: the real node's kubelet acts as system:node:<name>, as on a real cluster.
+                "--authorization-mode=Node,RBAC",
+                # The real kubelet by its Hostname (`localhost`: it refuses a loopback node IP);
+                # kwok's nodes have none and are reached by their InternalIP 127.0.0.1.
+                "--kubelet-preferred-address-types=Hostname,InternalIP",
                 "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
                 f"--service-account-key-file={pki / 'sa.pub'}",
                 f"--service-account-signing-key-file={pki / 'sa.key'}",
@@ -518,15 +548,20 @@ class _Starter:
             "kube-scheduler",
             [
                 str(self.tools.kube_scheduler),
-                f"--kubeconfig={kc}",
+                # Its kubeconfig and leader election are in the config file (which overrides flags).
+                f"--config={self._scheduler_config(kc)}",
                 f"--authentication-kubeconfig={kc}",
                 f"--authorization-kubeconfig={kc}",
                 "--bind-address=127.0.0.1",
                 f"--secure-port={self.ports['scheduler']}",
-                "--leader-elect=false",
                 "--v=1",
             ],
         )
+
+    def _scheduler_config(self, kubeconfig: str) -> Path:
+        path = self.dir / "kube-scheduler.yaml"
+        path.write_text(yaml.safe_dump(realnode.scheduler_config(kubeconfig), sort_keys=True))
+        return path
 
     def _kwok(self) -> None:
         cfg = components.kwok_stage_config(self.tools.kwok_stage_dir, self.dir / "kwok.yaml")
@@ -705,6 +740,79 @@ class _Starter:
         )
         self._mark(f"kwok + {len(self.nodes)} GPU nodes")
 
+    def _start_real_node(self) -> None:
+        """The real node; if it cannot start, it is cleaned away and the reason recorded."""
+        try:
+            self._real_node()
+        except (RuntimeError, TimeoutError, OSError, client.ApiException) as e:
+            self.log(f"[devcluster] real node failed: {e}")
+            for p in [p for p in self.state.processes if p.name in ("kubelet", "containerd")]:
+                procs.stop(p)
+                self.state.processes.remove(p)
+            realnode.cleanup(self.dir)
+            self.state.real_node, self.state.real_node_error = None, str(e)
+            self._save()
+
+    def _real_node(self) -> None:
+        images = realnode.build_images()
+        self.state.node_images = images
+        lay = realnode.Layout(self.dir)
+        realnode.prepare(lay)
+        lay.containerd_config.write_text(
+            realnode.containerd_config(
+                lay, self.tools.runc, self.tools.cni_bin_dir, images.pause, self.ports["cri_stream"]
+            )
+        )
+        # The shim is found on containerd's PATH: ours first.
+        path = f"{self.tools.containerd_shim.parent}:{os.environ.get('PATH', '/usr/bin:/bin')}"
+        ctrd = self._start(
+            "containerd",
+            [str(self.tools.containerd), f"--config={lay.containerd_config}", "--log-level=warn"],
+            env={**realnode.NO_PULLS_ENV, "PATH": path},
+        )
+        version = [str(self.tools.ctr), "--address", str(lay.socket), "version"]
+        procs.wait_for(
+            "containerd socket",
+            lambda: subprocess.run(version, capture_output=True, check=False).returncode == 0,
+            30,
+            ctrd,
+        )
+        realnode.import_images(self.tools.ctr, lay, images)
+        self._mark("containerd + node images")
+        spec = realnode.gpu_node_spec(self.nodes)
+        realnode.write_kubelet_files(
+            lay,
+            self.state.server,
+            self.pki.dir,
+            self.pki.cert_path,
+            (self.ports["kubelet"], self.ports["kubelet_healthz"]),
+            spec,
+        )
+        realnode.hold_sysctls(self.dir)  # before the kubelet changes them
+        kubelet = self._start(
+            "kubelet",
+            realnode.kubelet_argv(self.tools.kubelet, lay, spec),
+            env={**realnode.NO_PULLS_ENV, "PATH": path},
+        )
+        core = client.CoreV1Api(self.kube.api_client)
+
+        def ready() -> bool:
+            n = core.read_node(spec.name)
+            return any(c.type == "Ready" and c.status == "True" for c in n.status.conditions or [])
+
+        procs.wait_for("real node Ready", ready, 90, kubelet)
+        # An extended resource, the documented way: the kubelet keeps it and enforces it.
+        core.patch_node_status(spec.name, {"status": {"capacity": {GPU_RESOURCE: str(spec.gpus)}}})
+        procs.wait_for(
+            "real node allocatable nvidia.com/gpu",
+            lambda: (core.read_node(spec.name).status.allocatable or {}).get(GPU_RESOURCE) == str(spec.gpus),
+            30,
+            kubelet,
+        )
+        self.state.real_node = spec.name
+        self.state.nodes.append(spec.name)
+        self._mark("real node")
+
     def _wait_addons(self) -> None:
         if "kueue" in self.addons:
             procs.wait_for(
@@ -776,5 +884,9 @@ def status_lines(state: ClusterState | None) -> list[str]:
     for p in state.processes:
         lines.append(f"  {p.name:<26} pid {p.pid:<8} {'running' if run[p.name] else 'STOPPED'}  log {p.log}")
     lines.append(f"nodes: {', '.join(state.nodes)}")
+    if state.real_node:
+        lines.append(f"real node: {state.real_node} (kubelet + containerd; pods need hostNetwork: true)")
+    elif state.real_node_error:
+        lines.append(f"real node: FAILED: {state.real_node_error}")
     lines.append("startup: " + json.dumps(state.startup_seconds))
     return lines

@@ -83,6 +83,12 @@ class Toolchain:
     argocd_crd_dir: Path
     flux_crd_dir: Path
     owner_crd_dir: Path
+    kubelet: Path
+    containerd: Path
+    ctr: Path
+    runc: Path
+    containerd_shim: Path
+    cni_bin_dir: Path
     versions: dict[str, str]
     kueue_version: str
 
@@ -95,6 +101,7 @@ class Toolchain:
         kv = kueue_version(v)
         kueue = r / f"kueue-{kv}"
         kyv = r / f"kyverno-{v['KYVERNO_VERSION']}"
+        runtime = r / "node-runtime-apt" / "bin"  # the real node's containerd, runc, CNI loopback
         return cls(
             etcd=r / f"etcd-{v['ETCD_VERSION']}" / "bin" / "etcd",
             kube_apiserver=k8s / "bin" / "kube-apiserver",
@@ -117,6 +124,12 @@ class Toolchain:
             owner_crd_dir=r
             / f"owner-crds-lws-{v['LWS_VERSION']}-kserve-{v['KSERVE_VERSION']}-keda-{v['KEDA_VERSION']}"
             / "crds",
+            kubelet=r / f"kubelet-{v['KUBERNETES_VERSION']}" / "bin" / "kubelet",
+            containerd=runtime / "containerd",
+            ctr=runtime / "ctr",
+            runc=runtime / "runc",
+            containerd_shim=runtime / "containerd-shim-runc-v2",
+            cni_bin_dir=runtime,
             versions=v,
             kueue_version=kv,
         )

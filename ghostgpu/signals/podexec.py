@@ -62,10 +62,22 @@ class ExecResult:
     returncode: int
 
 
+MAX_DETAIL = 200
+
+
+def bounded_detail(detail: str) -> str:
+    """At most MAX_DETAIL characters, keeping the head and the tail: a runtime's message names its
+    cause last (containerd: 'failed to start exec "<64 hex>": OCI runtime exec failed: ... exec:
+    "ps": executable file not found in $PATH: unknown'), past where a plain cut would end."""
+    if len(detail) <= MAX_DETAIL:
+        return detail
+    return detail[: MAX_DETAIL // 2 - 3] + " .. " + detail[-(MAX_DETAIL // 2 - 1) :]
+
+
 class ExecFailed(Exception):
     def __init__(self, reason: FailureReason, detail: str) -> None:
         super().__init__(f"{reason.value}: {detail}")
-        self.failure = SignalFailure(reason=reason, detail=detail[:200])
+        self.failure = SignalFailure(reason=reason, detail=bounded_detail(detail))
 
 
 class PodExec(Protocol):

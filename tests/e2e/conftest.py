@@ -9,7 +9,9 @@ $GHOSTGPU_KUEUE_VERSION (hack/test's second pass of the tests marked `kueue`, on
 KUEUE_EXTRA_VERSIONS release); `devcluster.state.kueue_version` says which.
 
 Fixtures other parts use:
-  devcluster      DevCluster: .kubeconfig, .state.prometheus_url, .process_tables, .dcgm, .kube
+  devcluster      DevCluster: .kubeconfig, .state.prometheus_url, .process_tables, .dcgm, .kube,
+                  .state.real_node (the real node's name, or None and .state.real_node_error:
+                  tests/e2e/test_real_node.py fails with that reason, never skips)
   kubeconfig      Path of the admin kubeconfig
   namespace       a fresh namespace per test (deleted afterwards); `make_namespace(labels)` for more
   process_tables  ProcessTables: .set(ns, pod, [ProcessRow(...)]) scripts what `ps` prints in a pod
@@ -28,10 +30,31 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from kubernetes import client
 
 from ghostgpu.devcluster import DevCluster, FakeDcgmClient, ProcessTables
 from ghostgpu.devcluster.bundles import apply_bundles
 from ghostgpu.devcluster.paths import Toolchain
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under pytest-xdist (hack/test runs `--dist loadgroup`), a module whose tests share a fixture it
+    defines at module or session scope (a KubeRay operator, a Kueue restarted with other settings,
+    the controller image) runs in one worker, so that fixture is set up once; every other e2e test
+    goes to whichever worker is free. Each worker has a devcluster of its own."""
+    here = Path(__file__).parent
+    for item in items:
+        module = item.nodeid.split("::", 1)[0]
+        if here not in Path(item.path).parents:
+            continue
+        defs = getattr(item, "_fixtureinfo", None)
+        shared = defs is not None and any(
+            d.scope in ("module", "session") and d.baseid == module
+            for fixturedefs in defs.name2fixturedefs.values()
+            for d in fixturedefs
+        )
+        if shared:
+            item.add_marker(pytest.mark.xdist_group(module))
 
 
 def _skip_reason() -> str | None:
@@ -48,6 +71,9 @@ def _skip_reason() -> str | None:
 def devcluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevCluster]:
     shared = os.environ.get("GHOSTGPU_DEVCLUSTER_STATE")
     if shared:
+        if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
+            # Tests assume a cluster of their own (leases, Kueue's configuration, GPU capacity).
+            pytest.fail("GHOSTGPU_DEVCLUSTER_STATE shares one cluster: run it with `-n 0`, not in parallel")
         cluster = DevCluster.attach(Path(shared))
         if cluster is None:
             pytest.fail(f"GHOSTGPU_DEVCLUSTER_STATE={shared}: no running devcluster there")
@@ -81,8 +107,15 @@ def make_namespace(devcluster: DevCluster) -> Iterator[Callable[..., str]]:
         return name
 
     yield make
+    core = client.CoreV1Api(devcluster.kube.api_client)
     for name in created:
         devcluster.kube.delete("v1", "Namespace", name)
+        # The namespace controller acts 5 s after the delete; if pods are still there then, it waits
+        # half their grace period (16 s) and looks again, often twice. A terminating namespace admits
+        # no new pod, so removing its pods now (grace 0: a kwok pod has no kubelet to wait for, and
+        # the real node's kubelet stops a removed pod's containers itself) lets the first pass
+        # finish the namespace.
+        core.delete_collection_namespaced_pod(name, grace_period_seconds=0)
     # Wait until they are gone: their pods hold kwok GPUs that the next test may need.
     deadline = time.monotonic() + 90
     while created and time.monotonic() < deadline:
@@ -134,7 +167,6 @@ def _wait_until_tracking_is_live(devcluster: DevCluster) -> None:
     """An applied policy is not yet an active one: Kyverno has to see it and (re)configure its
     webhook first. Probe with a dry-run GPU Deployment in an opted-in namespace until it comes back
     labelled, so the first test's create does not race that set-up."""
-    from kubernetes import client
     from polling import eventually
 
     ns = f"bundle-probe-{uuid.uuid4().hex[:8]}"

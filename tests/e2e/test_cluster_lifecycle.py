@@ -21,7 +21,8 @@ def test_up_status_down_leaves_nothing_running(tmp_path: Path) -> None:
     missing = Toolchain.locate().missing(*CORE)
     if missing:
         pytest.skip("devcluster binaries not built (run hack/testbin): " + ", ".join(missing))
-    cluster = DevCluster.up(tmp_path, addons=())
+    # Minimal: no real node (tests/e2e/test_real_node.py stops and restarts one).
+    cluster = DevCluster.up(tmp_path, addons=(), real_node=False)
     try:
         state = status(tmp_path)
         assert state is not None and all(state.running().values())
@@ -33,7 +34,7 @@ def test_up_status_down_leaves_nothing_running(tmp_path: Path) -> None:
             "kwok",
         }
         assert DevCluster.attach(tmp_path) is not None
-        assert DevCluster.up(tmp_path, addons=()).state.server == cluster.state.server  # reused
+        assert DevCluster.up(tmp_path, addons=(), real_node=False).state.server == cluster.state.server
         res = CliRunner().invoke(app, ["devcluster", "status", "--state-dir", str(tmp_path)])
         assert res.exit_code == 0 and "kube-apiserver" in res.output and "STOPPED" not in res.output
     finally:

@@ -34,6 +34,7 @@ RUN_HERE = {
 RUN_ELSEWHERE = {
     ("controller",): "tests/e2e/test_controller.py (the controller as a subprocess)",
     ("status",): "tests/e2e/test_controller.py::test_pending_job_admitted_once_ghosts_are_gone",
+    ("doctor",): "tests/e2e/test_doctor.py (every row ok, then each prerequisite broken in turn)",
     ("report",): "tests/unit/test_controller_report.py, tests/e2e/test_controller.py",
     ("restore",): "tests/e2e/test_controller.py (restore after enforce)",
     ("devcluster", "up"): "tests/e2e/conftest.py (one cluster per session)",
@@ -136,3 +137,35 @@ def test_the_architecture_picture_is_current() -> None:
         [sys.executable, str(REPO / "hack" / "draw-architecture"), "--check"], capture_output=True, text=True
     )
     assert done.returncode == 0, done.stderr
+
+
+LINK = re.compile(r"\]\(([^)#\s]+)(?:#[^)]*)?\)")
+
+
+def _links(page: Path) -> list[Path]:
+    """The local files a Markdown page links to (web addresses left out)."""
+    targets = LINK.findall(page.read_text(encoding="utf-8"))
+    return [(page.parent / t).resolve() for t in targets if "://" not in t and not t.startswith("mailto:")]
+
+
+def test_every_local_link_resolves() -> None:
+    broken = [f"{page.relative_to(REPO)} -> {t}" for page in PAGES for t in _links(page) if not t.exists()]
+    assert broken == []
+
+
+def test_every_docs_file_is_reachable_from_the_readme() -> None:
+    """docs/ holds what a reader needs: every page is reached by links from README.md, and every
+    other file there (pictures, the data behind them) is named by a reached page."""
+    reached, todo = set(), [(REPO / "README.md").resolve()]
+    while todo:
+        page = todo.pop()
+        if page in reached:
+            continue
+        reached.add(page)
+        todo += [t for t in _links(page) if t.suffix == ".md" and t.exists()]
+    docs = sorted((REPO / "docs").iterdir())
+    unreached = [d.name for d in docs if d.suffix == ".md" and d.resolve() not in reached]
+    assert unreached == []
+    text = "\n".join(p.read_text(encoding="utf-8") for p in reached)
+    unnamed = [d.name for d in docs if d.suffix != ".md" and d.name not in text]
+    assert unnamed == []

@@ -187,6 +187,25 @@ def test_exec_stream_failure_without_exit_code_is_exec_error() -> None:
     assert "executable file not found" in e.value.failure.detail
 
 
+# What containerd 1.6 + runc answered for a distroless container on the devcluster's real node: the
+# cause comes after a 64-hex exec id, past the first 200 characters.
+CONTAINERD_NO_PS = (
+    "Internal error occurred: error executing command in container: failed to exec in container: "
+    'failed to start exec "196ffbf624ae1dc83887bb9da1879b5a9a01fe6026390e7f342f3d2bc41f904c": OCI '
+    'runtime exec failed: exec failed: unable to start container process: exec: "ps": executable '
+    "file not found in $PATH: unknown"
+)
+
+
+def test_a_long_runtime_error_keeps_its_cause() -> None:
+    s = ExecStream()
+    with pytest.raises(ExecFailed) as e:
+        s.feed(b"\x03" + json.dumps({"status": "Failure", "message": CONTAINERD_NO_PS}).encode())
+    detail = e.value.failure.detail
+    assert len(detail) <= 200 and "executable file not found" in detail
+    assert detail.startswith("Internal error occurred")
+
+
 def test_exec_stream_bounds_output() -> None:
     s = ExecStream(max_output=100)
     with pytest.raises(ExecFailed) as e:
@@ -381,6 +400,15 @@ async def test_distroless_container_is_no_listing_with_its_own_reason() -> None:
     assert isinstance(out, SignalFailure) and out.reason is FailureReason.NO_LISTING
     assert "cannot be seen" in out.detail and "'main'" in out.detail
     assert ex.calls == [PS_ARGV]
+
+
+async def test_containerds_long_not_found_error_is_no_listing() -> None:
+    class Refused:
+        async def run(self, pod: PodRef, argv: tuple[str, ...], *, timeout: float) -> ExecResult:
+            raise ExecFailed(FailureReason.EXEC_ERROR, CONTAINERD_NO_PS)
+
+    out = await ProcessSource(Refused()).list_processes(POD)
+    assert isinstance(out, SignalFailure) and out.reason is FailureReason.NO_LISTING
 
 
 async def test_source_bounds_concurrency() -> None:

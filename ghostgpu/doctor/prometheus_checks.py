@@ -1,0 +1,121 @@
+"""The rows about Prometheus: reachable, and the configured GPU series there, for the tracked
+pods, with the labels the controller's query joins on, freshly scraped. Every signal depends on
+these series: without them every verdict is UNKNOWN."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import httpx
+
+from ghostgpu.config import ControllerConfig
+from ghostgpu.doctor.report import Row, fail, ok, warn
+
+GPU_RESOURCE_HINT = "nvidia.com/"
+
+
+class PromReader:
+    def __init__(self, url: str, timeout: float) -> None:
+        self.url = url.rstrip("/")
+        self.client = httpx.AsyncClient(timeout=timeout)
+
+    async def query(self, promql: str) -> list[dict[str, Any]]:
+        resp = await self.client.post(f"{self.url}/api/v1/query", data={"query": promql})
+        resp.raise_for_status()
+        body = resp.json()
+        if body.get("status") != "success":
+            raise httpx.HTTPError(f"query {promql!r}: {body.get('error')}")
+        return list(body["data"]["result"])
+
+    async def buildinfo(self) -> dict[str, Any]:
+        resp = await self.client.get(f"{self.url}/api/v1/status/buildinfo")
+        resp.raise_for_status()
+        return dict(resp.json().get("data") or {})
+
+    async def aclose(self) -> None:
+        await self.client.aclose()
+
+
+async def check_reachable(prom: PromReader) -> tuple[Row, bool]:
+    try:
+        info = await prom.buildinfo()
+    except httpx.HTTPError as exc:
+        return (
+            fail(
+                "prometheus: reachable",
+                f"{prom.url}: {exc or type(exc).__name__}",
+                "set controller.prometheus.url to the Prometheus the controller reads (doctor uses the same)",
+            ),
+            False,
+        )
+    return ok("prometheus: reachable", f"Prometheus {info.get('version', '?')} at {prom.url}"), True
+
+
+def tracked_gpu_pods(pods: Sequence[dict[str, Any]], opted_in: Sequence[str]) -> list[tuple[str, str]]:
+    """(namespace, pod) of running pods that ask for a GPU in opted-in namespaces."""
+    wanted = set(opted_in)
+    out = []
+    for p in pods:
+        meta, spec = p["metadata"], p.get("spec") or {}
+        if meta.get("namespace") not in wanted or (p.get("status") or {}).get("phase") != "Running":
+            continue
+        res = [c.get("resources") or {} for c in spec.get("containers") or []]
+        if any(
+            GPU_RESOURCE_HINT in k for r in res for part in ("limits", "requests") for k in r.get(part) or {}
+        ):
+            out.append((meta["namespace"], meta["name"]))
+    return sorted(out)
+
+
+async def check_gpu_series(
+    prom: PromReader, ctrl: ControllerConfig, tracked: Sequence[tuple[str, str]]
+) -> Row:
+    preset = ctrl.metrics.active
+    metric, ns_label, pod_label = preset.utilization_metric, preset.namespace_label, preset.pod_label
+    name = "prometheus: GPU series"
+    fix = (
+        f"run dcgm-exporter (or the configured exporter) on every GPU node with its pod mapping on, "
+        f"scraped with honorLabels so {ns_label}/{pod_label} stay the pod's (controller.metrics)"
+    )
+    recent = f"last_over_time({metric}[5m])"
+    seen = await prom.query(f"group by (job, instance, {ns_label}, {pod_label}) ({recent})")
+    if not seen:
+        return fail(name, f"no {metric} series in the last 5 minutes", fix)
+    if not any(s["metric"].get(ns_label) and s["metric"].get(pod_label) for s in seen):
+        return fail(
+            name, f"{len(seen)} {metric} series, none with both {ns_label} and {pod_label} labels", fix
+        )
+    # The scrapes that produced them: failing (up 0) or old (the controller would call them stale).
+    exporters = f"on (job, instance) group by (job, instance) ({recent})"
+    scrapes = await prom.query(f"timestamp(up) and {exporters}")
+    ups = await prom.query(f"up and {exporters}")
+    down = sorted(
+        {
+            f"{s['metric'].get('job', '?')} {s['metric'].get('instance', '')}"
+            for s in ups
+            if float(s["value"][1]) < 1
+        }
+    )
+    if down:
+        return fail(name, f"the scrape of {metric} fails (up == 0): {', '.join(down)}", fix)
+    age = time.time() - max((float(s["value"][1]) for s in scrapes), default=0.0)
+    if age > ctrl.stale_after.seconds:
+        return fail(
+            name, f"last scrape of {metric} {age:.0f} s ago (staleAfter {ctrl.stale_after.seconds:g} s)", fix
+        )
+    now = await prom.query(f"group by ({ns_label}, {pod_label}) ({metric})")
+    current = {(s["metric"].get(ns_label), s["metric"].get(pod_label)) for s in now}
+    found = f"{len(current)} pods' {metric} with {ns_label}/{pod_label} labels, scraped {age:.0f} s ago"
+    missing = [f"{ns}/{pod}" for ns, pod in tracked if (ns, pod) not in current]
+    if missing:
+        more = f" and {len(missing) - 6} more" if len(missing) > 6 else ""
+        return fail(name, f"{found}; none for tracked pods {', '.join(missing[:6])}{more}", fix)
+    if not tracked:
+        return warn(
+            name,
+            f"{found}; no tracked GPU pod yet to match",
+            "run doctor again once GPU pods run in opted-in namespaces",
+        )
+    return ok(name, f"{found}; all {len(tracked)} tracked GPU pods have one")

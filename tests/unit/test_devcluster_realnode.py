@@ -1,0 +1,102 @@
+"""The real node's configuration and its host bookkeeping, without starting anything (the real
+node itself runs in tests/e2e/test_real_node.py)."""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from ghostgpu.devcluster import realnode
+from ghostgpu.devcluster.nodes import default_nodes
+
+
+def test_each_state_dir_gets_its_own_cgroup_root(tmp_path: Path) -> None:
+    a, b = realnode.cgroup_root_name(tmp_path / "a"), realnode.cgroup_root_name(tmp_path / "b")
+    assert a != b and a.startswith("ghostgpu-")
+    assert realnode.cgroup_root_name(tmp_path / "a") == a
+
+
+def test_the_real_node_is_a_node_of_the_first_gpu_flavor_that_only_its_tests_tolerate() -> None:
+    spec = realnode.gpu_node_spec(default_nodes())
+    assert spec.labels["nvidia.com/gpu.product"] == "NVIDIA-H100-80GB-HBM3"
+    assert spec.labels[realnode.REAL_NODE_LABEL] == "true"
+    assert [t.key for t in spec.taints] == ["nvidia.com/gpu", realnode.REAL_NODE_LABEL]
+    assert spec.name == "localhost" and spec.gpus > 0
+
+
+def test_containerd_keeps_everything_under_the_state_dir_and_serves_loopback_only(tmp_path: Path) -> None:
+    lay = realnode.Layout(tmp_path)
+    cfg = tomllib.loads(
+        realnode.containerd_config(lay, Path("/usr/sbin/runc"), tmp_path / "cni", "pause:1", 4242)
+    )
+    assert cfg["root"].startswith(str(tmp_path)) and cfg["state"].startswith(str(tmp_path))
+    assert cfg["grpc"]["address"] == str(lay.socket)
+    cri = cfg["plugins"]["io.containerd.grpc.v1.cri"]
+    assert cri["sandbox_image"] == "pause:1"
+    assert cri["restrict_oom_score_adj"] is True  # no CAP_SYS_RESOURCE in the VM
+    assert (cri["stream_server_address"], cri["stream_server_port"]) == ("127.0.0.1", "4242")
+    assert cri["containerd"]["runtimes"]["runc"]["options"]["Root"] == str(lay.runc_root)
+    assert "io.containerd.internal.v1.opt" in cfg["disabled_plugins"]  # would write /opt/containerd
+
+
+def test_kubelet_listens_on_loopback_in_its_own_cgroup_root(tmp_path: Path) -> None:
+    lay = realnode.Layout(tmp_path)
+    spec = realnode.gpu_node_spec(default_nodes())
+    cfg = realnode.kubelet_config(lay, 1, 2, Path("ca"), Path("c"), Path("k"), spec)
+    assert (cfg["address"], cfg["healthzBindAddress"], cfg["readOnlyPort"]) == ("127.0.0.1", "127.0.0.1", 0)
+    assert cfg["cgroupRoot"] == "/" + lay.cgroup_root
+    assert cfg["authentication"]["anonymous"] == {"enabled": False}
+    assert {t["key"] for t in cfg["registerWithTaints"]} == {"nvidia.com/gpu", realnode.REAL_NODE_LABEL}
+    assert cfg["podLogsDir"].startswith(str(tmp_path))  # not /var/log/pods
+
+
+@pytest.fixture
+def fake_sysctls(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Path]:
+    files = {}
+    for name in realnode.HOST_SYSCTLS:
+        f = tmp_path / "proc" / name
+        f.parent.mkdir(parents=True, exist_ok=True)
+        f.write_text("0\n")
+        files[name] = f
+    monkeypatch.setattr(realnode, "_sysctl_path", lambda n: files[n])
+    monkeypatch.setattr(realnode, "LEDGER_DIR", tmp_path / "run")
+    return files
+
+
+def test_the_last_real_node_to_stop_puts_the_host_sysctls_back(
+    fake_sysctls: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    a, b = tmp_path / "a", tmp_path / "b"
+    running = {a, b}
+    monkeypatch.setattr(realnode, "kubelet_running", lambda d: d in running)
+    realnode.hold_sysctls(a)
+    fake_sysctls["kernel.panic_on_oops"].write_text("1\n")  # what a's kubelet does
+    realnode.hold_sysctls(b)  # b must not take the kubelet's value for the host's
+    running.discard(a)
+    assert realnode.release_sysctls(a) == {}
+    assert fake_sysctls["kernel.panic_on_oops"].read_text().strip() == "1"  # b's kubelet still runs
+    running.discard(b)
+    restored = realnode.release_sysctls(b)
+    assert restored["kernel.panic_on_oops"] == "0"
+    assert fake_sysctls["kernel.panic_on_oops"].read_text().strip() == "0"
+    assert realnode.release_sysctls(b) == {}  # twice is harmless
+
+
+def test_a_killed_holder_does_not_keep_the_sysctls_changed(
+    fake_sysctls: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(realnode, "kubelet_running", lambda d: False)  # both runs were kill -9'd
+    realnode.hold_sysctls(tmp_path / "a")
+    realnode.hold_sysctls(tmp_path / "b")
+    fake_sysctls["vm.overcommit_memory"].write_text("1\n")
+    assert realnode.release_sysctls(tmp_path / "a")["vm.overcommit_memory"] == "0"
+    assert fake_sysctls["vm.overcommit_memory"].read_text().strip() == "0"
+
+
+def test_a_shims_socket_is_named_the_way_containerd_1_6_names_it() -> None:
+    cmd = "-namespace k8s.io -id abc -address /s/containerd.sock"
+    [sock] = realnode.shim_sockets(Path("/s/containerd.sock"), cmd)
+    assert sock.parent == realnode.SHIM_SOCKET_DIR and len(sock.name) == 64
+    assert realnode.shim_sockets(Path("/s/containerd.sock"), "-address /s/containerd.sock") == []
