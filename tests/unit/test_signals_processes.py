@@ -407,7 +407,7 @@ async def test_containerds_long_not_found_error_is_no_listing() -> None:
         async def run(self, pod: PodRef, argv: tuple[str, ...], *, timeout: float) -> ExecResult:
             raise ExecFailed(FailureReason.EXEC_ERROR, CONTAINERD_NO_PS)
 
-    out = await ProcessSource(Refused()).list_processes(POD)
+    out = await ExecProcessSource(Refused()).list_processes(POD)
     assert isinstance(out, SignalFailure) and out.reason is FailureReason.NO_LISTING
 
 
