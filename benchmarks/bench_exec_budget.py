@@ -39,7 +39,7 @@ from ghostgpu.scale.fleet import FleetSpec, KubeHTTP, ensure_base, grow_pods, ru
 from ghostgpu.signals.podexec import KubeExec, PodExec, PodRef, _exec_query
 from ghostgpu.signals.processes import PS_ARGV
 
-CONCURRENCY = 8  # the controller's exec concurrency (app.py: ProcessSource)
+CONCURRENCY = 8  # the controller's exec concurrency (app.py: ExecProcessSource)
 COMPILED_SRC = Path(__file__).resolve().parent / "exec_floor"
 
 

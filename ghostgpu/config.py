@@ -32,9 +32,9 @@ from pydantic import (
 )
 from pydantic.alias_generators import to_camel
 
+from ghostgpu.actuators import Actuator
 from ghostgpu.autonomy import AutonomyConfig
 from ghostgpu.config_errors import ConfigError, ConfigIssue, format_path, issues_from_validation, parse_yaml
-from ghostgpu.controller.actuators import Actuator
 from ghostgpu.image_ref import validate_image_ref
 from ghostgpu.quantity import Duration, Quantity
 from ghostgpu.verdict import ProcessPolicy
@@ -619,7 +619,7 @@ class ControllerConfig(Model):
         "them on node changes, not on pod deletions; v0.19.1+ also on pod deletions, within 10 s); "
         "only useful with TAS flavors; renders `patch` on nodes into the controller's ClusterRole",
     )
-    # Kueue's books (controller/reservation.py, docs/reservation.md): GPUs that live non-Kueue work
+    # Kueue's books (controller/books/reservation.py, docs/reservation.md): GPUs that live non-Kueue work
     # holds are reserved in the team's ClusterQueue by owner-less placeholder Workloads.
     reservation: Literal["off", "shadow", "enforce"] = Field(
         "off",

@@ -25,7 +25,7 @@ import jinja2
 import yaml
 
 from ghostgpu import config as c
-from ghostgpu.controller.actuators import ActuatorTable, gpu_cel
+from ghostgpu.actuators import ActuatorTable, gpu_cel
 from ghostgpu.resources import templates_dir
 
 BUNDLES = ("policies", "kueue", "controller")

@@ -20,13 +20,14 @@ from typing import Any
 import yaml
 
 from ghostgpu import __version__
+from ghostgpu.actuators import ActuatorTable
 from ghostgpu.config import ControllerConfig, load_config, load_controller_config
 from ghostgpu.controller import keys
-from ghostgpu.controller.accounting import FlavorSpec, node_flavor
-from ghostgpu.controller.actuators import ActuatorTable
+from ghostgpu.controller.act.gitops import ApiReader, GitOpsPreflight
+from ghostgpu.controller.books.accounting import FlavorSpec, node_flavor
+from ghostgpu.controller.books.decisions import DecisionLog
+from ghostgpu.controller.books.placeholders import ReservationMetrics, Reservations, reserve
 from ghostgpu.controller.budget import BudgetedApi, BudgetedExec, BudgetMetrics, RequestBudget
-from ghostgpu.controller.decisions import DecisionLog
-from ghostgpu.controller.gitops import ApiReader, GitOpsPreflight
 from ghostgpu.controller.inventory import (
     GpuPredicate,
     OwnerRef,
@@ -51,17 +52,10 @@ from ghostgpu.controller.ledger import ReplicaLedger
 from ghostgpu.controller.managers import ManagerInformers
 from ghostgpu.controller.metrics import ControllerMetrics
 from ghostgpu.controller.reconciler import PollResult, Reconciler, Snapshot, accounting_from
-from ghostgpu.controller.reservation import (
-    ReservationMetrics,
-    Reservations,
-    borrowed_reservations,
-    desired_from,
-    fill_accounts,
-)
 from ghostgpu.controller.server import HealthServer
 from ghostgpu.signals.artifacts import FileArtifactProbe, S3ArtifactProbe
 from ghostgpu.signals.podexec import KubeExec
-from ghostgpu.signals.processes import ProcessSource
+from ghostgpu.signals.processes import ExecProcessSource
 from ghostgpu.signals.prometheus import PrometheusClient
 from ghostgpu.signals.utilization import QuerySpec, UtilizationSource
 
@@ -284,7 +278,7 @@ async def run_controller(
         cfg,
         cluster=cluster,
         utilization=UtilizationSource(prom, spec),
-        processes=ProcessSource(executor, concurrency=8, timeout=10.0),
+        processes=ExecProcessSource(executor, concurrency=8, timeout=10.0),
         files=FileArtifactProbe(executor, timeout=10.0),
         s3=s3,
         metrics=metrics,
@@ -394,52 +388,13 @@ async def run_controller(
         log.info("controller stopped", extra={"identity": identity})
 
 
-async def reserve(
-    reservations: Reservations,
-    rmetrics: ReservationMetrics,
-    flavors: Sequence[FlavorSpec],
-    snap: Snapshot,
-    cqs: Sequence[Mapping[str, Any]],
-    result: PollResult,
-    accounts: Sequence[Any],
-    *,
-    leader: bool,
-) -> None:
-    """controller.reservation, once per poll after the reconcile: the GPUs held outside Kueue (as the
-    poll's snapshot shows them) reserved in each team's ClusterQueue (reservation.py)."""
-    try:
-        lqs = await reservations.local_queues()
-        desired = desired_from(
-            flavors, snap, cqs, lqs, local_queue=reservations.local_queue, pods_of=result.pods_of
-        )
-        report = await reservations.reconcile(
-            desired,
-            flavors,
-            leader=leader,
-            local_queues=lqs,
-            now=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        )
-    except Exception as exc:  # no Kueue (yet), an apiserver error: next poll tries again
-        log.warning("reservation failed", extra={"error": f"{type(exc).__name__}: {exc}"})
-        return
-    report.borrowed = borrowed_reservations(report.admitted, cqs, {f.name: f.resource for f in flavors})
-    rmetrics.set(report)
-    fill_accounts(accounts, report.desired, report.admitted)
-    if report.created or report.deleted or report.errors:
-        log.info(
-            "reservations",
-            extra={"mode": report.mode, "desired": [f"{r.namespace}/{r.name}" for r in report.desired],
-                   "created": report.created, "deleted": report.deleted, "errors": report.errors},
-        )  # fmt: skip
-
-
 def _s3_possible() -> bool:
     # find_spec, not import: boto3 is loaded only when an s3:// annotation is met (artifacts.py)
     return importlib.util.find_spec("boto3") is not None
 
 
 def _escalator(cfg: ControllerConfig) -> Any:
-    from ghostgpu.controller.planner import facts_for
+    from ghostgpu.controller.judge.planner import facts_for
     from ghostgpu.escalation import send_escalation
 
     settings = cfg.autonomy.escalation

@@ -145,7 +145,7 @@ def report(
 ) -> None:
     """Summarise the shadow-mode decision history: GPU-hours that would have been reclaimed,
     misses (UNKNOWN runs) and whether each cleared on a later poll or persisted."""
-    from ghostgpu.controller.decisions import parse_lines, summarize
+    from ghostgpu.controller.books.decisions import parse_lines, summarize
 
     if source.startswith(("http://", "https://")):
         import httpx
@@ -200,7 +200,7 @@ def restore(
     recorded replica count (the `ghostgpu.io/reclaimed-from-replicas` annotation, else the
     controller's replica ledger), or undo a manager's annotation/field stop (RayCluster suspend,
     Notebook stop annotation, ...) from its `ghostgpu.io/reclaimed-from` record (docs/managers.md)."""
-    from ghostgpu.controller.actuators import ActuatorTable
+    from ghostgpu.actuators import ActuatorTable
     from ghostgpu.controller.app import load_any_config
     from ghostgpu.controller.ops import RestoreError
     from ghostgpu.controller.ops import restore as do_restore

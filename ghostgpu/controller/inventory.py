@@ -14,15 +14,13 @@ from datetime import datetime
 from functools import lru_cache
 from sys import intern
 from types import MappingProxyType
-from typing import Any, Literal, NamedTuple
+from typing import Any, NamedTuple
 
+from ghostgpu.actuators import POD_CONTROLLERS
 from ghostgpu.controller import keys
 from ghostgpu.controller.packing import pack, unpack
 from ghostgpu.quantity import Quantity
 from ghostgpu.signals.faults import PodFaults, pod_faults
-
-Kind = Literal["Deployment", "StatefulSet", "Pod"]
-KINDS: tuple[Kind, ...] = ("Deployment", "StatefulSet", "Pod")
 
 
 class WorkloadRef(NamedTuple):
@@ -381,7 +379,7 @@ def pods_by_workload(
         # A manager's pods are its by controller ownerReferences, and only its GPU pods are judged
         # (a RayCluster's CPU head has no GPU series); a Deployment's or StatefulSet's must also
         # match its selector (a pod sharing a name prefix is not its pod).
-        if ref.kind in ("Deployment", "StatefulSet"):
+        if ref.kind in POD_CONTROLLERS:
             if not selector_matches(wl.selector, pod.labels):
                 continue
         elif ref.kind != "Pod" and not pod.gpu_requests:

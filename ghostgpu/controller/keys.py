@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from ghostgpu.config import OPT_IN_LABEL, OPT_IN_VALUE, TEAM_LABEL, TRACKED_LABEL
 
 __all__ = ["OPT_IN_LABEL", "OPT_IN_VALUE", "TEAM_LABEL", "TRACKED_LABEL"]
@@ -16,3 +18,8 @@ RECLAIMED_AT = "ghostgpu.io/reclaimed-at"
 ESCALATED = "ghostgpu.io/escalated"
 COMPONENT = "ghostgpu-controller"
 CAPACITY_FREED_AT = "ghostgpu.io/capacity-freed-at"  # on Nodes: nudges Kueue to retry pending work
+
+
+def refuses_reclaim(annotations: Mapping[str, str]) -> bool:
+    """The owner said never (either key), on the object as freshly read before a stop."""
+    return annotations.get(RECLAIM_POLICY) == "never" or annotations.get(GPU_EVICTION_POLICY) == "never"

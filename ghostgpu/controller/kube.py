@@ -336,7 +336,7 @@ class Cluster:
             raise
 
     async def annotate_node(self, node: str, annotations: Mapping[str, str]) -> None:
-        """Merge-patch a Node's annotations (the Kueue requeue nudge; see Reconciler.nudge_kueue)."""
+        """Merge-patch a Node's annotations (the Kueue requeue nudge; see books.Books.nudge_kueue)."""
         async with self.api.call_api(
             "PATCH",
             version="v1",

@@ -15,19 +15,34 @@ same way, so two concurrent restores cannot both get it.
 
 Entries whose workload is gone, or was re-created under a new uid, are useless (restore refuses
 them) and would only grow the ConfigMap (read every poll; 1 MiB at most): the controller's leader
-removes them (`remove_stale`), each confirmed by a fresh GET first (reconciler.py).
+removes them (`remove_stale`), each confirmed by a fresh GET first (`LedgerBook.prune`).
+
+`LedgerBook` is the controller's copy of the ledger, read once per poll: the act room writes it (a
+reclaim's record, the pruning), the observe and books rooms read it (is this workload stopped, how
+many pods' GPUs does its reclaim hold free).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping
+import logging
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any, Protocol
 
-from ghostgpu.controller.inventory import WorkloadRef
-from ghostgpu.controller.kube import Conflict
+from ghostgpu.actuators import RECLAIMED_FROM_RECORD
+from ghostgpu.controller import keys
+from ghostgpu.controller.inventory import Workload, WorkloadRef
+from ghostgpu.controller.kube import Conflict, NotFound
+
+log = logging.getLogger("ghostgpu.controller")
+
+# Stale entries (workload deleted or re-created) are looked for this often, and at most this many
+# are confirmed by a GET per round: a bounded, rare cost next to a poll.
+LEDGER_PRUNE_INTERVAL_S = 600.0
+LEDGER_PRUNE_BATCH = 50
 
 LEDGER_NAME = "ghostgpu-replica-ledger"
 MAX_KEY = 253  # ConfigMap keys: [-._a-zA-Z0-9], at most 253 characters
@@ -186,8 +201,109 @@ class ReplicaLedger:
         raise LedgerError(f"{self.namespace}/{self.name}: still conflicting after {ATTEMPTS} attempts")
 
 
+class LedgerBook:
+    """The replica ledger as this process last read it (empty without a ledger)."""
+
+    def __init__(self, ledger: ReplicaLedger | None) -> None:
+        self.ledger = ledger
+        self.entries: dict[str, LedgerEntry] = {}
+        self.pruned_at: float | None = None
+
+    async def load(self) -> None:
+        """One read of the replica ledger per poll (a failure keeps the previous copy)."""
+        if self.ledger is None:
+            return
+        try:
+            self.entries = await self.ledger.entries()
+        except Exception as exc:
+            log.warning("cannot read the replica ledger", extra={"error": f"{type(exc).__name__}: {exc}"})
+
+    def reclaimed_from(self, wl: Workload) -> int | None:
+        """`reclaimed-from-replicas` from the workload's annotation, else from the ledger (an entry
+        counts only for the object it was written for: same uid)."""
+        if wl.reclaimed_from is not None:
+            return wl.reclaimed_from
+        entry = self.entries.get(ledger_key(wl.ref)) if self.entries else None
+        return entry.replicas if entry is not None and entry.uid == wl.uid else None
+
+    def marked(self, workloads: Mapping[WorkloadRef, Workload]) -> Iterator[tuple[WorkloadRef, Workload]]:
+        """The workloads a reclaim has marked: a reclaimed-from annotation or record, or a ledger
+        entry. Only they can hold GPUs free or be undone; the rest of a large fleet is passed over
+        with two lookups each, every poll."""
+        in_ledger = {ref_of_key(k) for k in self.entries}
+        everyone = None in in_ledger  # a shortened key names no workload for sure: all of them
+        for ref, wl in workloads.items():
+            ann = wl.annotations
+            if everyone or keys.RECLAIMED_FROM in ann or RECLAIMED_FROM_RECORD in ann or ref in in_ledger:
+                yield ref, wl
+
+    async def record(self, ref: WorkloadRef, fresh: Mapping[str, Any], replicas: int) -> str | None:
+        """Store the replica count in the ledger; None once it is durably stored, else why not."""
+        if self.ledger is None:
+            return "no replica ledger configured"
+        uid = str((fresh.get("metadata") or {}).get("uid", ""))
+        try:
+            await self.ledger.record(
+                ref, LedgerEntry(replicas, uid, datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"))
+            )
+        except Exception as exc:
+            log.warning(
+                "cannot write the replica ledger", extra={"workload": str(ref), "error": str(exc)[:300]}
+            )
+            return f"{type(exc).__name__}: {str(exc)[:200]}"
+        return None
+
+    async def prune(self, cluster: Any, workloads: Mapping[WorkloadRef, Workload], now: float) -> int:
+        """Remove ledger entries whose workload is gone or was re-created (another uid): restore
+        refuses those, and they would only grow the ConfigMap read every poll. Leader only, every
+        LEDGER_PRUNE_INTERVAL_S. An entry whose workload the cache shows with the same uid is kept
+        without a request; any other is removed only after a fresh GET answers 404 or another uid.
+        Any doubt (an error, an untracked but existing workload, a key that cannot be read back to
+        a workload) keeps the entry: a lost replica count cannot be recovered."""
+        if self.ledger is None or not self.entries:
+            return 0
+        if self.pruned_at is not None and now - self.pruned_at < LEDGER_PRUNE_INTERVAL_S:
+            return 0
+        self.pruned_at = now
+        stale: dict[str, str] = {}
+        checked = 0
+        for key, entry in sorted(self.entries.items()):
+            ref = ref_of_key(key)
+            wl = workloads.get(ref) if ref is not None else None
+            if ref is None or (wl is not None and wl.uid == entry.uid):
+                continue
+            if checked == LEDGER_PRUNE_BATCH:
+                break  # the rest next round
+            checked += 1
+            try:
+                uid = str(((await cluster.get(ref)).get("metadata") or {}).get("uid", ""))
+            except NotFound:
+                stale[key] = entry.uid
+                continue
+            except Exception as exc:
+                log.warning(
+                    "cannot check a ledger entry", extra={"workload": str(ref), "error": str(exc)[:300]}
+                )
+                continue
+            if entry.uid and uid != entry.uid:
+                stale[key] = entry.uid
+        if not stale:
+            return 0
+        try:
+            removed = await self.ledger.remove_stale(stale)
+        except Exception as exc:
+            log.warning("cannot prune the replica ledger", extra={"error": f"{type(exc).__name__}: {exc}"})
+            return 0
+        for key in stale:
+            self.entries.pop(key, None)
+        log.info("pruned the replica ledger", extra={"removed": removed, "entries": sorted(stale)})
+        return removed
+
+
 __all__ = [
     "LEDGER_NAME",
+    "LEDGER_PRUNE_INTERVAL_S",
+    "LedgerBook",
     "LedgerEntry",
     "LedgerError",
     "LedgerStore",

@@ -25,8 +25,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from ghostgpu.actuators import POD_CONTROLLERS, Actuator, ActuatorTable, expand
 from ghostgpu.config import KUEUE_MANAGED_LABEL, KUEUE_QUEUE_LABEL
-from ghostgpu.controller.actuators import Actuator, ActuatorTable, expand
 from ghostgpu.controller.inventory import (
     GpuPredicate,
     OwnerRef,
@@ -46,7 +46,6 @@ from ghostgpu.controller.packing import pack
 log = logging.getLogger("ghostgpu.controller.managers")
 
 MAX_DEPTH = 8  # ownerReference chains are short; a cycle (a broken object) must not loop
-POD_CONTROLLERS = ("Deployment", "StatefulSet")
 KEDA_SCALED_OBJECT = "ScaledObject"
 
 

@@ -7,7 +7,7 @@ from collections.abc import Iterable, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from ghostgpu.controller.accounting import FlavorAccount
+from ghostgpu.controller.books.accounting import FlavorAccount
 
 
 class ControllerMetrics:

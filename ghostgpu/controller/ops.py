@@ -6,11 +6,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from ghostgpu.actuators import ActuatorTable
 from ghostgpu.config import ControllerConfig
-from ghostgpu.controller import keys, stops
-from ghostgpu.controller.accounting import FlavorAccount, FlavorSpec, node_flavor
-from ghostgpu.controller.actuators import ActuatorTable
+from ghostgpu.controller import keys
+from ghostgpu.controller.act import stops
+from ghostgpu.controller.act.revert_guard import RESTORE_MANAGER
 from ghostgpu.controller.app import LoadedConfig, _kube_api, _slim_node, discover_flavors
+from ghostgpu.controller.books.accounting import FlavorAccount, FlavorSpec, node_flavor
 from ghostgpu.controller.inventory import (
     OwnerRef,
     WorkloadRef,
@@ -33,7 +35,6 @@ from ghostgpu.controller.kube import (
 from ghostgpu.controller.ledger import LedgerEntry, ReplicaLedger
 from ghostgpu.controller.managers import Resolver, manager_workload, register_kinds, resource_type
 from ghostgpu.controller.reconciler import Snapshot, accounting_from
-from ghostgpu.controller.revert_guard import RESTORE_MANAGER
 
 KIND_ALIASES = {
     "deployment": "Deployment",
@@ -264,7 +265,7 @@ async def _fill_reservations(
     cluster: Cluster, loaded: LoadedConfig, flavors: list[FlavorSpec], snap: Snapshot, cqs: Any, accounts: Any
 ) -> None:
     """What the reservation counts (controller.reservation) and what Kueue admitted of it."""
-    from ghostgpu.controller.reservation import (
+    from ghostgpu.controller.books.reservation import (
         LOCALQUEUES,
         RESERVATION_LABEL,
         WORKLOADS,

@@ -164,10 +164,10 @@ def install(recorder: Recorder) -> None:
             recorder.states = dict(sorted(result.states.items()))
             return result
 
-    from ghostgpu.signals.processes import ProcessSource
+    from ghostgpu.signals.processes import ExecProcessSource
     from ghostgpu.verdict import SignalFailure
 
-    original_list = ProcessSource.list_processes
+    original_list = ExecProcessSource.list_processes
 
     async def list_processes(self: Any, pod: Any) -> Any:
         outcome = await original_list(self, pod)
@@ -175,7 +175,7 @@ def install(recorder: Recorder) -> None:
             recorder.failed_listing(pod, outcome)
         return outcome
 
-    ProcessSource.list_processes = list_processes  # type: ignore[method-assign]
+    ExecProcessSource.list_processes = list_processes  # type: ignore[method-assign]
     app.Informers.snapshot = snapshot  # type: ignore[method-assign]
     app.Informers.wait_synced = wait_synced  # type: ignore[method-assign]
     app.accounting_from = accounting  # type: ignore[assignment]

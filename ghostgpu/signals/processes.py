@@ -1,5 +1,9 @@
 """Process listing inside every GPU container of a workload, through the apiserver's exec endpoint.
 
+`ProcessSource` is the seam the controller's observe room reads processes through: one batched
+call per poll for every container whose workload's window is all zero. `ExecProcessSource` is the
+implementation over exec; a node agent that reports each container's processes is another.
+
 Safety properties (DESIGN §4): the argv is a module constant (no shell, nothing from the workload
 or its annotations ever reaches it), it only reads, the output size and the wall time are bounded,
 and the number of concurrent execs is capped by a semaphore so a poll cannot flood the apiserver.
@@ -9,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
+from typing import Protocol
 
 from ghostgpu.signals.podexec import ExecFailed, PodExec, PodRef
 from ghostgpu.verdict import FailureReason, ProcessInfo, SignalFailure, program_of
@@ -94,7 +99,17 @@ def no_listing(pod: PodRef, detail: str) -> SignalFailure:
     )
 
 
-class ProcessSource:
+Listing = tuple[ProcessInfo, ...] | SignalFailure
+
+
+class ProcessSource(Protocol):
+    """Where a poll's process listings come from. Never raises: a container that cannot be listed
+    is a SignalFailure (the verdict stays UNKNOWN, never reclaims)."""
+
+    async def list_many(self, pods: Sequence[PodRef]) -> dict[PodRef, Listing]: ...
+
+
+class ExecProcessSource:
     """Lists processes in many containers with bounded concurrency; never raises.
 
     Tries the procps listing, then the BusyBox one, and remembers per container which one works

@@ -43,7 +43,7 @@ from proctables import FINISHED, GAP, LIVE, NOTEBOOK, ZOMBIE
 
 from ghostgpu.config import ControllerConfig
 from ghostgpu.controller.app import Informers
-from ghostgpu.controller.decisions import DecisionLog
+from ghostgpu.controller.books.decisions import DecisionLog
 from ghostgpu.controller.inventory import gpu_predicate, owner_workload
 from ghostgpu.controller.kube import Cluster
 from ghostgpu.controller.metrics import ControllerMetrics
@@ -63,7 +63,7 @@ from ghostgpu.scale.faults import (
 )
 from ghostgpu.signals.artifacts import FileArtifactProbe
 from ghostgpu.signals.podexec import ExecResult, KubeExec, PodRef
-from ghostgpu.signals.processes import MalformedListing, ProcessSource, parse_ps
+from ghostgpu.signals.processes import ExecProcessSource, MalformedListing, parse_ps
 from ghostgpu.signals.prometheus import PrometheusClient
 from ghostgpu.signals.utilization import QuerySpec, UtilizationSource
 from ghostgpu.verdict import RECLAIMABLE_KINDS
@@ -217,7 +217,7 @@ class Harness:
             cfg,
             cluster=Cluster(api, instance="fault-suite"),
             utilization=UtilizationSource(self.prom, spec),
-            processes=ProcessSource(self.exec, concurrency=8, timeout=EXEC_TIMEOUT),
+            processes=ExecProcessSource(self.exec, concurrency=8, timeout=EXEC_TIMEOUT),
             files=FileArtifactProbe(self.exec, timeout=EXEC_TIMEOUT),
             s3=None,
             metrics=ControllerMetrics(),

@@ -35,19 +35,19 @@ from proctables import FINISHED
 from test_faults import noexec_kubeconfig  # noqa: F401
 
 from ghostgpu.config import ControllerConfig
+from ghostgpu.controller.act.gitops import ApiReader, GitOpsPreflight
+from ghostgpu.controller.act.revert_guard import MARK
 from ghostgpu.controller.app import Informers
-from ghostgpu.controller.decisions import DecisionLog
-from ghostgpu.controller.gitops import ApiReader, GitOpsPreflight
+from ghostgpu.controller.books.decisions import DecisionLog
 from ghostgpu.controller.inventory import WorkloadRef, gpu_predicate, owner_workload
 from ghostgpu.controller.kube import Cluster
 from ghostgpu.controller.metrics import ControllerMetrics
 from ghostgpu.controller.reconciler import PollResult, Reconciler, Snapshot
-from ghostgpu.controller.revert_guard import MARK
 from ghostgpu.devcluster import DevCluster
 from ghostgpu.devcluster.nodes import GpuNodeSpec, Taint, node_manifest
 from ghostgpu.signals.artifacts import FileArtifactProbe
 from ghostgpu.signals.podexec import KubeExec
-from ghostgpu.signals.processes import ProcessSource
+from ghostgpu.signals.processes import ExecProcessSource
 from ghostgpu.signals.prometheus import PrometheusClient
 from ghostgpu.signals.utilization import QuerySpec, UtilizationSource
 
@@ -187,7 +187,7 @@ class Rig:
             utilization=UtilizationSource(
                 self.prom, QuerySpec.from_preset(cfg.metrics.active, max_sample_age=30.0)
             ),
-            processes=ProcessSource(executor, concurrency=4, timeout=5.0),
+            processes=ExecProcessSource(executor, concurrency=4, timeout=5.0),
             files=FileArtifactProbe(executor, timeout=5.0),
             s3=None,
             metrics=self.metrics,
@@ -555,14 +555,14 @@ def test_the_gpu_workloads_example_validates_and_clears_the_preflight(
 ) -> None:
     """examples/argocd/gpu-workloads.yaml against the real Application CRD (server-side dry run),
     and the pre-flight on what the apiserver would store."""
-    from ghostgpu.controller.gitops import (
+    from ghostgpu.controller.act.gitops_rules import (
         ARGOCD_TRACKING_ID,
         ManagerKind,
         ManagerRef,
         Target,
         argocd_preflight,
     )
-    from ghostgpu.controller.stopspec import SCALE_TO_ZERO
+    from ghostgpu.controller.act.stopspec import SCALE_TO_ZERO
 
     doc = yaml.safe_load(
         (Path(__file__).resolve().parents[2] / "examples/argocd/gpu-workloads.yaml").read_text()

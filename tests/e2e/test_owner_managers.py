@@ -37,8 +37,7 @@ from owner_double import STOP_ANNOTATION, NotebookControllerDouble
 from proctables import FINISHED
 from test_controller import H100, LEASE_NS, REPO, WINDOW, Controller, controller_config, wait_for
 
-from ghostgpu.config import ControllerConfig
-from ghostgpu.controller.actuators import (
+from ghostgpu.actuators import (
     _MISSING,
     RECLAIMED_FROM_RECORD,
     ActuatorTable,
@@ -46,7 +45,8 @@ from ghostgpu.controller.actuators import (
     get_pointer,
     merge_patch_for,
 )
-from ghostgpu.controller.decisions import DecisionLog
+from ghostgpu.config import ControllerConfig
+from ghostgpu.controller.books.decisions import DecisionLog
 from ghostgpu.controller.inventory import gpu_predicate
 from ghostgpu.controller.kube import Cluster
 from ghostgpu.controller.managers import manager_workload, register_kinds
@@ -511,8 +511,8 @@ class Actor:
         wl = manager_workload(a, obj, gpu_predicate(["nvidia.com/gpu"]))
         verdict = Verdict(kind=VerdictKind.FINISHED_IDLE, rule=Rule.GHOSTGPU, reasons=())
         if a.stop == "scale":
-            return await self.rec.scale_to_zero(wl, verdict)
-        return await self.rec.stop_manager(wl, verdict, a)
+            return await self.rec.actor.stops.scale_to_zero(wl, verdict)
+        return await self.rec.actor.stops.stop_manager(wl, verdict, a)
 
 
 def get_object(dc: DevCluster, kind: str, ns: str, name: str) -> dict[str, Any]:
@@ -617,14 +617,14 @@ async def test_faults_during_an_owner_stop_never_reclaim_falsely_nor_lose_record
         custom.delete_namespaced_custom_object(*path)
 
     inject = concurrent_write if fault.startswith("conflict") else delete
-    real_before, real_scale = rec._before_stop, rec.cluster.scale
+    real_before, real_scale = rec.actor.stops.before_stop, rec.cluster.scale
     if fault.endswith("before-write"):
 
         async def before(wl: Any, fresh: Any, verdict: Any) -> str | None:
             await asyncio.to_thread(inject)  # after the controller's GET, before its write
             return await real_before(wl, fresh, verdict)
 
-        rec._before_stop = before  # type: ignore[method-assign]
+        rec.actor.stops.before_stop = before  # type: ignore[method-assign]
     else:
 
         async def scale(ref: Any, replicas: int, **kw: Any) -> None:
@@ -645,7 +645,7 @@ async def test_faults_during_an_owner_stop_never_reclaim_falsely_nor_lose_record
     assert not a.is_stopped(obj), "a 409 stops nothing"
     assert ghostgpu_annotations(obj) == {}, "no record without its stop"
     # The next poll's stop, from a fresh read, lands with a record of the current state.
-    rec._before_stop, rec.cluster.scale = real_before, real_scale  # type: ignore[method-assign]
+    rec.actor.stops.before_stop, rec.cluster.scale = real_before, real_scale  # type: ignore[method-assign]
     before = user_view(obj)
     assert await actor.stop(obj) == STOPPED_OUTCOME.get(a.stop, "stopped")
     assert a.is_stopped(get_object(devcluster, kind, ns, name))

@@ -32,11 +32,11 @@ from kubernetes.stream import stream
 from test_controller import REPO, Controller, controller_config, opt_in, wait_for
 
 from ghostgpu.config import ControllerConfig
-from ghostgpu.controller.evidence import policy_from_config
+from ghostgpu.controller.observe.evidence import policy_from_config
 from ghostgpu.devcluster import DevCluster, FakeDcgmClient, realnode
 from ghostgpu.devcluster.realnode import REAL_NODE_LABEL, REAL_NODE_SCHEDULER, REAL_NODE_TAINT
 from ghostgpu.signals.podexec import ExecResult, KubeExec, PodRef
-from ghostgpu.signals.processes import ProcessSource, parse_ps
+from ghostgpu.signals.processes import ExecProcessSource, parse_ps
 from ghostgpu.verdict import SignalFailure, classify_listing
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.real_node, pytest.mark.timeout(900)]
@@ -227,7 +227,7 @@ class RecordingExec:
 async def list_real(kubeconfig: Path, pods: list[PodRef]) -> tuple[dict[PodRef, Any], RecordingExec]:
     api = await kr8s.asyncio.api(kubeconfig=str(kubeconfig))
     rec = RecordingExec(KubeExec(api))
-    return await ProcessSource(rec).list_many(pods), rec
+    return await ExecProcessSource(rec).list_many(pods), rec
 
 
 def roles_of(listing: Any) -> set[str] | str:

@@ -34,7 +34,7 @@ from kubernetes import client
 from proctables import FINISHED, LIVE
 from test_controller import LEASE_NS, Controller, deployment, wait_for
 
-from ghostgpu.controller.reservation import Reservation, placeholder_object
+from ghostgpu.controller.books.reservation import Reservation, placeholder_object
 from ghostgpu.devcluster import DevCluster, FakeDcgmClient, ProcessTables
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.kueue, pytest.mark.timeout(600)]

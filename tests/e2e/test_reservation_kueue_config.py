@@ -46,7 +46,7 @@ from test_reservation import (  # noqa: F401  (team: a fixture)
     team,
 )
 
-from ghostgpu.controller.reservation import Reservation, placeholder_object
+from ghostgpu.controller.books.reservation import Reservation, placeholder_object
 from ghostgpu.devcluster import DevCluster, FakeDcgmClient, ProcessTables
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.kueue, pytest.mark.timeout(600)]

@@ -133,7 +133,7 @@ def test_model_is_immutable() -> None:
 
 def test_process_and_memory_policy_come_from_the_controller_section() -> None:
     from ghostgpu.config import ConfigError
-    from ghostgpu.controller.evidence import policy_from_config
+    from ghostgpu.controller.observe.evidence import policy_from_config
     from ghostgpu.verdict import ProcessInfo, ProcessRole, classify
 
     cfg = ControllerConfig.model_validate(

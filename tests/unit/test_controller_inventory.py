@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ghostgpu.controller.accounting import FlavorSpec, account
+from ghostgpu.controller.books.accounting import FlavorSpec, account
 from ghostgpu.controller.inventory import (
     WorkloadRef,
     gpu_predicate,

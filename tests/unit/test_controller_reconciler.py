@@ -19,21 +19,23 @@ from typing import Any
 import pytest
 
 from ghostgpu.config import ControllerConfig
-from ghostgpu.controller import reconciler as reconciler_module
-from ghostgpu.controller.decisions import DecisionLog, parse_lines, summarize
+from ghostgpu.controller.books.decisions import DecisionLog, parse_lines, summarize
 from ghostgpu.controller.inventory import WorkloadRef, gpu_predicate, pod_view, workload_from
+from ghostgpu.controller.judge import planner as planner_module
 from ghostgpu.controller.kube import AdmissionDenied, Conflict, NotFound, WouldMutate
-from ghostgpu.controller.ledger import LedgerEntry, ReplicaLedger, ledger_key, ref_of_key
-from ghostgpu.controller.metrics import ControllerMetrics
-from ghostgpu.controller.reconciler import (
+from ghostgpu.controller.ledger import (
     LEDGER_PRUNE_INTERVAL_S,
-    RECLAIM_SETTLE_SECONDS,
-    Reconciler,
-    Snapshot,
+    LedgerEntry,
+    ReplicaLedger,
+    ledger_key,
+    ref_of_key,
 )
+from ghostgpu.controller.metrics import ControllerMetrics
+from ghostgpu.controller.observe.observer import RECLAIM_SETTLE_SECONDS
+from ghostgpu.controller.reconciler import Reconciler, Snapshot
 from ghostgpu.signals.artifacts import FileArtifactProbe, Measurement
 from ghostgpu.signals.podexec import ExecFailed, ExecResult, PodRef
-from ghostgpu.signals.processes import ProcessSource
+from ghostgpu.signals.processes import ExecProcessSource
 from ghostgpu.signals.utilization import PodKey, PodReading
 from ghostgpu.verdict import FailureReason, SignalFailure
 
@@ -257,14 +259,17 @@ class Harness:
         self.log = DecisionLog(tmp / "decisions.jsonl")
         self.clock = NOW.timestamp()
 
+        self.rec = self.reconciler()
+
+    def reconciler(self) -> Reconciler:
         async def escalate(decision: Any, wl: Any) -> None:
             self.escalations.append(wl.ref.name)
 
-        self.rec = Reconciler(
+        return Reconciler(
             self.cfg,
             cluster=self.cluster,  # type: ignore[arg-type]
             utilization=self.util,  # type: ignore[arg-type]
-            processes=ProcessSource(self.exec, concurrency=2),
+            processes=ExecProcessSource(self.exec, concurrency=2),
             files=FileArtifactProbe(self.exec),
             s3=None,
             metrics=self.metrics,
@@ -514,7 +519,7 @@ async def test_artifact_growth_keeps_it_alive_and_failure_is_unknown(tmp_path: P
     async def measure(pod: PodRef, target: Any) -> Measurement:
         return Measurement(next(sizes) * 1024, False)
 
-    h.rec.files.measure = measure  # type: ignore[method-assign]
+    h.rec.observer.files.measure = measure  # type: ignore[method-assign]
     result = await h.polls(3)
     # 100 KiB -> 300 KiB inside the window (a first ACTIVE verdict is not written)
     assert result.judged[WorkloadRef("Deployment", NS, "writer")].verdict.kind.value == "ACTIVE"
@@ -640,26 +645,25 @@ async def test_ledger_scale_precondition_and_failover_never_act_twice(tmp_path: 
     h.cluster.deny.add("legacy")
     await h.polls(2)
     # the object changes between the fresh read and the scale (another actor): 409, no scale
-    real_record = h.rec.ledger.record  # type: ignore[union-attr]
+    real_record = h.rec.records.ledger.record  # type: ignore[union-attr]
 
     async def record_then_bump(ref: WorkloadRef, entry: LedgerEntry) -> None:
         await real_record(ref, entry)
         meta = h.objects[ref]["metadata"]
         meta["resourceVersion"] = str(int(meta["resourceVersion"]) + 1)
 
-    h.rec.ledger.record = record_then_bump  # type: ignore[union-attr,method-assign]
+    h.rec.records.ledger.record = record_then_bump  # type: ignore[union-attr,method-assign]
     result = await h.polls(1)
     assert dict((r.name, o) for r, o in result.actions)["legacy"] == "conflict"
     assert h.cluster.scaled == []
-    h.rec.ledger.record = real_record  # type: ignore[union-attr,method-assign]
+    h.rec.records.ledger.record = real_record  # type: ignore[union-attr,method-assign]
     await h.polls(1)
     assert [r.name for r, _ in h.cluster.scaled] == ["legacy"]
     # a new leader with a stale cache: the fresh read shows 0 replicas, nothing happens twice
     stale = Harness(tmp_path, mode="enforce")
     stale.objects.update(h.objects)
     stale.cluster = h.cluster
-    stale.rec.cluster = h.cluster  # type: ignore[assignment]
-    stale.rec.ledger = ReplicaLedger(h.cluster, LEDGER[0])  # type: ignore[arg-type]
+    stale.rec = stale.reconciler()  # on the shared cluster and its ledger
     snap = h.snapshot()
     snap = Snapshot(snap.namespaces, snap.workloads, [pod_view(pod_for("legacy"), IS_GPU)], [])
     stale.util.values["legacy"] = 0.0
@@ -913,14 +917,14 @@ async def test_progress_moves_with_each_workload_written(tmp_path: Path) -> None
     h.add("broken", util=SignalFailure(reason=FailureReason.HTTP_ERROR))
     h.add("done", table=FINISHED)
     seen: list[float | None] = []
-    original = h.rec.apply
+    original = h.rec.actor.apply
 
     async def apply(*args: object, **kwargs: object) -> str:
         seen.append(h.rec.last_progress)
         h.clock += 7  # each write takes time
         return await original(*args, **kwargs)  # type: ignore[arg-type]
 
-    h.rec.apply = apply  # type: ignore[method-assign]
+    h.rec.actor.apply = apply  # type: ignore[method-assign]
     await h.polls(3)  # K = 3: the third poll writes both first verdicts
     assert len(seen) == 2 and seen[1] is not None
     assert h.rec.last_progress is not None and h.rec.last_progress > seen[1]
@@ -929,7 +933,7 @@ async def test_progress_moves_with_each_workload_written(tmp_path: Path) -> None
 async def test_verdict_writes_overlap_but_stay_bounded_and_ordered_per_workload(tmp_path: Path) -> None:
     """The first verdicts of a fleet are one write each: a few in flight at once (not one after
     another, not one task per workload), each workload's annotations before its Event."""
-    from ghostgpu.controller.reconciler import WRITE_CONCURRENCY
+    from ghostgpu.controller.act.actor import WRITE_CONCURRENCY
 
     h = Harness(tmp_path)
     names = [f"w{i:02d}" for i in range(3 * WRITE_CONCURRENCY)]
@@ -969,13 +973,13 @@ async def test_a_busy_workload_is_planned_again_only_when_its_objects_or_verdict
     h = Harness(tmp_path)
     h.add("busy", util=80.0)
     planned: list[str] = []
-    real_plan = reconciler_module.plan
+    real_plan = planner_module.plan
 
     def counting_plan(wl: Any, *args: Any, **kwargs: Any) -> Any:
         planned.append(wl.ref.name)
         return real_plan(wl, *args, **kwargs)
 
-    monkeypatch.setattr(reconciler_module, "plan", counting_plan)
+    monkeypatch.setattr(planner_module, "plan", counting_plan)
     snap = h.snapshot()  # the watch caches' objects: the same ones while nothing changes
     for _ in range(5):
         result = await h.rec.poll_once(snap)
@@ -1006,7 +1010,7 @@ async def test_every_failed_signal_is_counted_once_per_poll(tmp_path: Path) -> N
     async def measure(pod: PodRef, target: Any) -> SignalFailure:
         return SignalFailure(reason=FailureReason.TIMEOUT)
 
-    h.rec.files.measure = measure  # type: ignore[method-assign]
+    h.rec.observer.files.measure = measure  # type: ignore[method-assign]
     await h.polls(4)  # window 3: process listings in polls 3-4; artifacts from the first zero on
 
     def failures(signal: str, reason: FailureReason) -> float:

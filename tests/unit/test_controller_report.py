@@ -11,10 +11,10 @@ from typer.testing import CliRunner
 
 from ghostgpu.cli import app
 from ghostgpu.config import ControllerConfig
-from ghostgpu.controller.decisions import Decision, DecisionLog, parse_lines, summarize
+from ghostgpu.controller.books.decisions import Decision, DecisionLog, parse_lines, summarize
 from ghostgpu.controller.inventory import gpu_predicate, workload_from
+from ghostgpu.controller.judge.planner import plan
 from ghostgpu.controller.metrics import ControllerMetrics
-from ghostgpu.controller.planner import plan
 from ghostgpu.controller.server import HealthServer
 from ghostgpu.verdict import Reason, Rule, Verdict, VerdictKind
 

@@ -16,16 +16,14 @@ from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
 from ghostgpu.config import ControllerConfig, load_default_config
-from ghostgpu.controller.accounting import FlavorSpec
-from ghostgpu.controller.inventory import gpu_predicate, pod_view, pods_by_workload, workload_from
-from ghostgpu.controller.reservation import (
+from ghostgpu.controller.books.accounting import FlavorSpec
+from ghostgpu.controller.books.placeholders import ReservationMetrics, Reservations
+from ghostgpu.controller.books.reservation import (
     FLAVOR_ANNOTATION,
     HOLDER_ANNOTATION,
     RESERVATION_LABEL,
     Placeholder,
     Reservation,
-    ReservationMetrics,
-    Reservations,
     admitted_by_flavor,
     borrowed_reservations,
     cq_flavors,
@@ -36,6 +34,7 @@ from ghostgpu.controller.reservation import (
     queues_of,
     waiting_messages,
 )
+from ghostgpu.controller.inventory import gpu_predicate, pod_view, pods_by_workload, workload_from
 
 IS_GPU = gpu_predicate(["nvidia.com/gpu"])
 H100 = FlavorSpec("h100", "nvidia.com/gpu", {"gpu": "h100"})

@@ -12,11 +12,11 @@ import pytest
 from pydantic import ValidationError
 
 from ghostgpu.config import ControllerConfig
-from ghostgpu.controller.decisions import Decision
-from ghostgpu.controller.evidence import WorkloadState, assemble
+from ghostgpu.controller.books.decisions import Decision
 from ghostgpu.controller.inventory import WorkloadRef, cached_pod, gpu_predicate, pod_view, workload_from
+from ghostgpu.controller.judge.planner import manifest_lines
+from ghostgpu.controller.observe.evidence import WorkloadState, assemble
 from ghostgpu.controller.packing import pack
-from ghostgpu.controller.planner import manifest_lines
 from ghostgpu.signals.faults import fault_observation, workload_faults
 from ghostgpu.verdict import (
     ContainerRestart,

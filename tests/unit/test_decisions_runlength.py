@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from ghostgpu.cli import app
-from ghostgpu.controller.decisions import (
+from ghostgpu.controller.books.decisions import (
     Checkpoint,
     Decision,
     DecisionLog,

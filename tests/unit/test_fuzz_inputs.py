@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 
 from ghostgpu.config import ControllerConfig, GhostgpuConfig, load_config_text, load_controller_config
 from ghostgpu.config_errors import ConfigError
-from ghostgpu.controller.decisions import DecisionLog
+from ghostgpu.controller.books.decisions import DecisionLog
 from ghostgpu.controller.inventory import gpu_predicate, pod_view, workload_from
 from ghostgpu.controller.metrics import ControllerMetrics
 from ghostgpu.controller.reconciler import Reconciler, Snapshot
@@ -38,7 +38,7 @@ from ghostgpu.signals.artifacts import (
     parse_du,
 )
 from ghostgpu.signals.podexec import ExecResult, PodRef
-from ghostgpu.signals.processes import LISTING_ARGVS, PS_ARGV, MalformedListing, ProcessSource, parse_ps
+from ghostgpu.signals.processes import LISTING_ARGVS, PS_ARGV, ExecProcessSource, MalformedListing, parse_ps
 from ghostgpu.signals.prometheus import PrometheusError, parse_vector
 from ghostgpu.signals.utilization import PodKey, PodReading
 from ghostgpu.verdict import RECLAIMABLE_KINDS, SignalFailure, VerdictKind
@@ -232,7 +232,7 @@ async def test_file_probe_runs_only_the_fixed_argv(uri: str) -> None:
 )
 async def test_process_probe_argv_never_depends_on_the_pod(ns: str, name: str, container: str) -> None:
     ex = RecordingExec()
-    await ProcessSource(ex, concurrency=1, timeout=1).list_processes(PodRef(ns, name, container))
+    await ExecProcessSource(ex, concurrency=1, timeout=1).list_processes(PodRef(ns, name, container))
     assert ex.calls == [PS_ARGV]
     # A container whose ps rejects the procps columns gets the one other fixed argv, nothing else.
     busybox = RecordingExec()
@@ -242,7 +242,7 @@ async def test_process_probe_argv_never_depends_on_the_pod(ns: str, name: str, c
         return ExecResult("", "ps: bad -o argument 'etimes'", 1)
 
     busybox.run = rejecting  # type: ignore[method-assign]
-    await ProcessSource(busybox, concurrency=1, timeout=1).list_processes(PodRef(ns, name, container))
+    await ExecProcessSource(busybox, concurrency=1, timeout=1).list_processes(PodRef(ns, name, container))
     assert busybox.calls == list(LISTING_ARGVS)
 
 
@@ -322,7 +322,7 @@ def test_hostile_annotations_reach_only_the_fixed_argv_and_never_a_reclaim(
         cfg,
         cluster=NoCluster(),  # type: ignore[arg-type]
         utilization=ZeroUtilization(),  # type: ignore[arg-type]
-        processes=ProcessSource(ex, concurrency=2, timeout=1),
+        processes=ExecProcessSource(ex, concurrency=2, timeout=1),
         files=FileArtifactProbe(ex, timeout=1),
         s3=None,
         metrics=ControllerMetrics(),

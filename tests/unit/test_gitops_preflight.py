@@ -12,10 +12,10 @@ import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ghostgpu.controller.gitops import (
+from ghostgpu.controller.act.gitops import GitOpsPreflight
+from ghostgpu.controller.act.gitops_rules import (
     ARGOCD_TRACKING_ID,
     RESPECT_IGNORE,
-    GitOpsPreflight,
     ManagerKind,
     ManagerRef,
     Outcome,
@@ -369,7 +369,7 @@ def test_the_argocd_example_for_gpu_workloads_keeps_every_stop() -> None:
     """examples/argocd/gpu-workloads.yaml carries the fix for what ghostgpu writes."""
     from pathlib import Path
 
-    from ghostgpu.controller.stopspec import SCALE_TO_ZERO
+    from ghostgpu.controller.act.stopspec import SCALE_TO_ZERO
 
     example = yaml.safe_load(
         (Path(__file__).resolve().parents[2] / "examples" / "argocd" / "gpu-workloads.yaml").read_text()

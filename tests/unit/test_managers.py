@@ -20,25 +20,25 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from ghostgpu.config import ControllerConfig
-from ghostgpu.controller.actuators import (
+from ghostgpu.actuators import (
     RECLAIMED_FROM_RECORD,
     Actuator,
     ActuatorTable,
     builtin_actuators,
     gpu_cel,
 )
-from ghostgpu.controller.decisions import DecisionLog
+from ghostgpu.config import ControllerConfig
+from ghostgpu.controller.act.stops import restore, stop
+from ghostgpu.controller.books.decisions import DecisionLog
 from ghostgpu.controller.inventory import OwnerRef, WorkloadRef, gpu_predicate, pod_view, workload_from
+from ghostgpu.controller.judge.planner import plan
 from ghostgpu.controller.kube import Conflict, NotFound
 from ghostgpu.controller.managers import Resolver, manager_workload
 from ghostgpu.controller.metrics import ControllerMetrics
-from ghostgpu.controller.planner import plan
 from ghostgpu.controller.reconciler import Reconciler, Snapshot
-from ghostgpu.controller.stops import restore, stop
 from ghostgpu.signals.artifacts import FileArtifactProbe
 from ghostgpu.signals.podexec import ExecResult, PodRef
-from ghostgpu.signals.processes import ProcessSource
+from ghostgpu.signals.processes import ExecProcessSource
 from ghostgpu.signals.utilization import PodKey, PodReading
 from ghostgpu.verdict import Rule, Verdict, VerdictKind
 
@@ -488,7 +488,7 @@ def reconciler(tmp: Path, api: FakeApi, escalations: list[str]) -> Reconciler:
         cfg,
         cluster=api,  # type: ignore[arg-type]
         utilization=Idle(),  # type: ignore[arg-type]
-        processes=ProcessSource(Finished(), concurrency=2),
+        processes=ExecProcessSource(Finished(), concurrency=2),
         files=FileArtifactProbe(Finished()),
         s3=None,
         metrics=ControllerMetrics(),
@@ -588,7 +588,7 @@ async def test_scale_actuators_stop_and_restore_through_the_scale_subresource(
     rec = reconciler(tmp_path, api, [])
     wl = workload_from(kind, o, IS_GPU) if kind != "LeaderWorkerSet" else (
         manager_workload(TABLE.by_kind[kind], o, IS_GPU))  # fmt: skip
-    assert await rec.scale_to_zero(wl, reclaimable()) == "scaled-to-zero"
+    assert await rec.actor.stops.scale_to_zero(wl, reclaimable()) == "scaled-to-zero"
     assert api.objects[ref]["spec"]["replicas"] == 0 and TABLE.by_kind[kind].is_stopped(api.objects[ref])
     n = o["spec"]["replicas"]
     assert api.objects[ref]["metadata"]["annotations"]["ghostgpu.io/reclaimed-from-replicas"] == str(n)
@@ -675,9 +675,9 @@ async def test_a_stopped_manager_counts_its_gpu_hours_recovered_until_undone(
     wl = manager_workload(a, o, IS_GPU)
     assert wl.gpus_per_pod == {"nvidia.com/gpu": 1.0}
     if a.stop == "scale":
-        assert await rec.scale_to_zero(wl, reclaimable()) == "scaled-to-zero"
+        assert await rec.actor.stops.scale_to_zero(wl, reclaimable()) == "scaled-to-zero"
     else:
-        assert await rec.stop_manager(wl, reclaimable(), a) == "stopped"
+        assert await rec.actor.stops.stop_manager(wl, reclaimable(), a) == "stopped"
     recovered = rec.metrics.gpu_hours_recovered.labels(NS, "all")
     for _ in range(3):  # nothing runs: each poll adds the freed GPUs for one poll interval
         await rec.poll_once(snapshot(api, []))

@@ -30,7 +30,7 @@ from wsproto.connection import Connection, ConnectionType
 from wsproto.utilities import generate_accept_token
 
 from ghostgpu.signals.podexec import EXEC_PROTOCOL, MAX_OUTPUT, ExecFailed, ExecResult, KubeExec, PodRef
-from ghostgpu.signals.processes import PS_ARGV, ProcessSource
+from ghostgpu.signals.processes import PS_ARGV, ExecProcessSource
 from ghostgpu.verdict import FailureReason, ProcessInfo, SignalFailure
 
 POD = PodRef("team-a", "train-0", "main")
@@ -341,7 +341,7 @@ async def test_through_process_source(apiserver: FakeApiserver, transport: str) 
     apiserver.scenario = ok_scenario
     ex = await make_exec(kubeconfig(apiserver.url), transport)
     pods = [PodRef("ns", f"p{i}", "main") for i in range(12)]
-    out = await ProcessSource(ex, concurrency=8, timeout=5).list_many(pods)
+    out = await ExecProcessSource(ex, concurrency=8, timeout=5).list_many(pods)
     for pod, listing in out.items():
         assert listing == (
             ProcessInfo(pid=1, state="Ss", command="python", ppid=0, elapsed_s=60, scope=f"{pod.name}/main"),
@@ -777,7 +777,7 @@ async def test_many_concurrent_execs_each_get_their_own_result(apiserver: FakeAp
     apiserver.scenario = scenario
     ex = await make_exec(kubeconfig(apiserver.url))
     pods = [PodRef("ns", f"p{i}", "main") for i in range(20)]
-    out = await ProcessSource(ex, concurrency=8, timeout=5).list_many(pods)
+    out = await ExecProcessSource(ex, concurrency=8, timeout=5).list_many(pods)
     assert not [v for v in out.values() if isinstance(v, SignalFailure)]
     assert len({v[0].command for v in out.values()}) == 20  # type: ignore[index]
 

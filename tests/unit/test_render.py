@@ -160,7 +160,7 @@ def test_every_gpu_resource_is_in_the_tracking_match_logic(custom_files: dict[st
         gpu_var = next(v for v in policy["spec"]["variables"] if v["name"] == "gpuResources")
         assert sorted(re.findall(r"'([^']+)'", gpu_var["expression"])) == resources
     [condition] = mutating[0]["spec"]["matchConditions"]
-    from ghostgpu.controller.actuators import ActuatorTable
+    from ghostgpu.actuators import ActuatorTable
 
     # The manager kinds of the actuator table: once per container pointer of each.
     managers = sum(len(a.containers) + len(a.container) for a in ActuatorTable().tracked())

@@ -14,9 +14,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 from test_controller_reconciler import FINISHED, NS, Harness
 
-from ghostgpu.controller.gitops import ARGOCD_TRACKING_ID, RESPECT_IGNORE, GitOpsPreflight, ResourceId
-from ghostgpu.controller.inventory import WorkloadRef
-from ghostgpu.controller.revert_guard import (
+from ghostgpu.controller.act.gitops import GitOpsPreflight
+from ghostgpu.controller.act.gitops_rules import ARGOCD_TRACKING_ID, RESPECT_IGNORE, ResourceId
+from ghostgpu.controller.act.revert_guard import (
     MARK,
     Mark,
     detect_revert,
@@ -24,7 +24,8 @@ from ghostgpu.controller.revert_guard import (
     mark_holds,
     spec_hash,
 )
-from ghostgpu.controller.stopspec import SCALE_TO_ZERO, StopSpec
+from ghostgpu.controller.act.stopspec import SCALE_TO_ZERO, StopSpec
+from ghostgpu.controller.inventory import WorkloadRef
 
 T0 = datetime(2026, 11, 30, 12, 0, 0, tzinfo=UTC)
 
@@ -136,7 +137,7 @@ def tracked_harness(tmp: Path, app: dict[str, Any] | None) -> tuple[Harness, Rea
     h = Harness(tmp, mode="enforce", startupGrace="1s")
     h.add("done", table=FINISHED, ann={ARGOCD_TRACKING_ID: f"gpu:apps/Deployment:{NS}/done"})
     reader = Reader(app)
-    h.rec.gitops = GitOpsPreflight(reader, cache_seconds=0)  # type: ignore[arg-type]
+    h.rec.actor.stops.gitops = GitOpsPreflight(reader, cache_seconds=0)  # type: ignore[arg-type]
     return h, reader
 
 

@@ -1,6 +1,6 @@
 """The corpus of real pod shapes (tests/shapes/shapes.yaml) through the controller's own path:
 each container's `ps` answers the fixed argvs as procps, BusyBox or a distroless image would,
-`ProcessSource` lists and `merge_listings` merges them, and `decide` judges under the default
+`ExecProcessSource` lists and `merge_listings` merges them, and `decide` judges under the default
 controller section. Every shape gets the verdict an operator expects; no live shape is ever
 reclaimable."""
 
@@ -15,9 +15,9 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
 from ghostgpu.config import ControllerConfig
-from ghostgpu.controller.evidence import policy_from_config
+from ghostgpu.controller.observe.evidence import policy_from_config
 from ghostgpu.signals.podexec import ExecFailed, ExecResult, PodRef
-from ghostgpu.signals.processes import PS_ARGV, PS_ARGV_BUSYBOX, ProcessSource, merge_listings
+from ghostgpu.signals.processes import PS_ARGV, PS_ARGV_BUSYBOX, ExecProcessSource, merge_listings
 from ghostgpu.verdict import (
     ArtifactSizes,
     ArtifactsNotDeclared,
@@ -105,7 +105,7 @@ class ContainerPs:
 
 def evidence_of(shape: Shape) -> tuple[Evidence, ContainerPs]:
     ps = ContainerPs(shape.containers)
-    source = ProcessSource(ps)
+    source = ExecProcessSource(ps)
     containers = list(shape.containers)
     targets = [
         PodRef("team-a", shape.name, c)
@@ -186,7 +186,7 @@ def test_the_old_first_container_probe_would_have_reclaimed_live_work() -> None:
 
 
 def test_idle_held_carries_the_memory_held_and_timers_say_so() -> None:
-    from ghostgpu.controller.evidence import evidence_summary
+    from ghostgpu.controller.observe.evidence import evidence_summary
     from ghostgpu.verdict import Reason
 
     by_name = {s.name: s for s in SHAPES}

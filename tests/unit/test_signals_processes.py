@@ -17,8 +17,8 @@ from ghostgpu.signals.processes import (
     LISTING_ARGVS,
     PS_ARGV,
     PS_ARGV_BUSYBOX,
+    ExecProcessSource,
     MalformedListing,
-    ProcessSource,
     merge_listings,
     parse_ps,
 )
@@ -273,7 +273,7 @@ async def test_exec_http_errors_become_typed_failures(
 ) -> None:
     url, script = fake_apiserver
     script["status"] = status
-    source = ProcessSource(await _kube_exec(url), timeout=5)
+    source = ExecProcessSource(await _kube_exec(url), timeout=5)
     out = await source.list_processes(POD)
     assert isinstance(out, SignalFailure) and out.reason is reason
     # the argv reached the apiserver as fixed, separate command parameters
@@ -286,7 +286,7 @@ async def test_exec_http_errors_become_typed_failures(
 async def test_exec_timeout(fake_apiserver: tuple[str, dict]) -> None:
     url, script = fake_apiserver
     script["delay"] = 2.0
-    source = ProcessSource(await _kube_exec(url), timeout=0.3)
+    source = ExecProcessSource(await _kube_exec(url), timeout=0.3)
     t0 = time.monotonic()
     out = await source.list_processes(POD)
     assert time.monotonic() - t0 < 1.5
@@ -327,7 +327,7 @@ async def test_source_maps_exit_codes_parse_errors_and_exec_failures() -> None:
             "forbidden": ExecFailed(FailureReason.FORBIDDEN, "HTTP 403"),
         }
     )
-    src = ProcessSource(ex)
+    src = ExecProcessSource(ex)
     pods = [PodRef("ns", n, "main") for n in ("ok", "exit1", "garbage", "forbidden")]
     out = await src.list_many(pods)
     assert isinstance(out[pods[0]], tuple) and len(out[pods[0]]) == 3
@@ -369,7 +369,7 @@ class ArgvExec:
 
 async def test_busybox_container_gets_the_busybox_argv_and_it_is_remembered() -> None:
     ex = ArgvExec("busybox")
-    src = ProcessSource(ex)
+    src = ExecProcessSource(ex)
     first = await src.list_processes(POD)
     second = await src.list_processes(POD)
     assert isinstance(first, tuple) and first == second
@@ -389,14 +389,14 @@ async def test_busybox_container_gets_the_busybox_argv_and_it_is_remembered() ->
 )
 async def test_a_container_without_ps_is_no_listing(result: ExecResult) -> None:
     ex = ScriptedExec({"train-0": result})
-    out = await ProcessSource(ex).list_processes(POD)
+    out = await ExecProcessSource(ex).list_processes(POD)
     assert isinstance(out, SignalFailure) and out.reason is FailureReason.NO_LISTING
     assert [argv for _, argv in ex.calls] == [PS_ARGV]  # no second try: there is no ps at all
 
 
 async def test_distroless_container_is_no_listing_with_its_own_reason() -> None:
     ex = ArgvExec("distroless")
-    out = await ProcessSource(ex).list_processes(POD)
+    out = await ExecProcessSource(ex).list_processes(POD)
     assert isinstance(out, SignalFailure) and out.reason is FailureReason.NO_LISTING
     assert "cannot be seen" in out.detail and "'main'" in out.detail
     assert ex.calls == [PS_ARGV]
@@ -407,13 +407,13 @@ async def test_containerds_long_not_found_error_is_no_listing() -> None:
         async def run(self, pod: PodRef, argv: tuple[str, ...], *, timeout: float) -> ExecResult:
             raise ExecFailed(FailureReason.EXEC_ERROR, CONTAINERD_NO_PS)
 
-    out = await ProcessSource(Refused()).list_processes(POD)
+    out = await ExecProcessSource(Refused()).list_processes(POD)
     assert isinstance(out, SignalFailure) and out.reason is FailureReason.NO_LISTING
 
 
 async def test_source_bounds_concurrency() -> None:
     ex = ScriptedExec({f"p{i}": ExecResult(LISTING, "", 0) for i in range(10)}, delay=0.05)
-    src = ProcessSource(ex, concurrency=3)
+    src = ExecProcessSource(ex, concurrency=3)
     await src.list_many([PodRef("ns", f"p{i}", "main") for i in range(10)])
     assert ex.max_running == 3
 

@@ -10,6 +10,7 @@ from typing import Literal
 
 import yaml
 
+from ghostgpu.actuators import Actuator, ActuatorTable, describe_stop, table_from
 from ghostgpu.autonomy import (
     ActionClass,
     ActionClassSpec,
@@ -19,9 +20,7 @@ from ghostgpu.autonomy import (
     decide_action,
 )
 from ghostgpu.config import ControllerConfig
-from ghostgpu.controller.actuators import Actuator, ActuatorTable, table_from
 from ghostgpu.controller.inventory import Workload
-from ghostgpu.controller.stops import describe_stop
 from ghostgpu.verdict import RECLAIMABLE_KINDS, Reason, Verdict, VerdictKind
 
 PLAIN_ACTIVE = (Reason.UTILIZATION_NONZERO,)
@@ -47,9 +46,7 @@ def gate_for(
     """(action class, the gate's config, actuator) for reclaiming `workload`. A manager's stop is
     scored as its own class, `stop_<kind>` with the actuator's base risk (the KServe stop deletes a
     Deployment: riskier than a scale); a row of that name in autonomy.actionClasses wins."""
-    if workload.ref.kind in ("Pod", "Deployment", "StatefulSet") or workload.no_actuator:
-        return action_class(workload).value, autonomy, None
-    a = table.get(workload.ref.kind)
+    a = None if workload.ref.kind == "Pod" or workload.no_actuator else table.get(workload.ref.kind)
     if a is None:
         return action_class(workload).value, autonomy, None
     name = a.action_class

@@ -20,6 +20,10 @@ object through its own stop API, never on a child the manager rewrites. Each row
 The built-ins cover Deployment/StatefulSet, Kubeflow Notebook and Workspace, KubeRay RayCluster,
 LeaderWorkerSet, KServe InferenceService, NVIDIA NIMService and the KEDA ScaledObject; an in-house
 operator is added in ghostgpu.yaml under `controller.actuators` without code (docs/managers.md).
+
+The table is plain data and pure functions, below `ghostgpu.config` (which validates its rows) and
+`ghostgpu.render` (which renders RBAC and the Kyverno tracking test from it); the controller's act
+room stops and restores through it (controller/act/stops.py).
 """
 
 from __future__ import annotations
@@ -37,6 +41,10 @@ RECLAIMED_FROM_RECORD = "ghostgpu.io/reclaimed-from"  # non-scale actuators: {po
 RECLAIMED_AT = "ghostgpu.io/reclaimed-at"  # keys.RECLAIMED_AT (keys imports config, which imports this)
 REVERT_MARK = "ghostgpu.io/reclaim-reverted"  # revert_guard.MARK: a stale mark goes with a new stop
 NOW = "now"  # an annotation value written as the current time (Kubeflow's culler format)
+
+# The kinds whose pods the controller watches directly (their own watch caches); every other row is
+# a manager above them, resolved through owner chains. Both kinds are stopped like any scale row.
+POD_CONTROLLERS = ("Deployment", "StatefulSet")
 
 StopKind = Literal["scale", "annotation", "field"]
 Verb = Literal["get", "list", "watch", "patch", "update"]
@@ -167,7 +175,7 @@ class Actuator(_Model):
     @property
     def action_class(self) -> str:
         """The risk gate's action class of this stop (autonomy.actionClasses may override it)."""
-        return "scale_to_zero" if self.kind in ("Deployment", "StatefulSet") else f"stop_{self.kind.lower()}"
+        return "scale_to_zero" if self.kind in POD_CONTROLLERS else f"stop_{self.kind.lower()}"
 
     # --- what the stop writes (consumed by the GitOps pre-flight and the revert guard) -------------
 
@@ -266,6 +274,15 @@ class Actuator(_Model):
         return rules
 
 
+def describe_stop(a: Actuator) -> str:
+    """The stop in a few words, for Events and the risk gate's description."""
+    if a.stop == "annotation":
+        return f"annotation {a.annotation}={a.value}"
+    if a.stop == "field":
+        return f"{a.field}={a.value}"
+    return "scale to 0"
+
+
 # Container lists of the common pod-template shapes.
 _TEMPLATE = ["/spec/template/spec/containers", "/spec/template/spec/initContainers"]
 
@@ -325,7 +342,7 @@ class ActuatorTable:
     @property
     def managers(self) -> list[Actuator]:
         """Kinds above Deployment/StatefulSet (the controller watches them; Kyverno tracks them)."""
-        return [a for a in self.by_kind.values() if a.kind not in ("Deployment", "StatefulSet")]
+        return [a for a in self.by_kind.values() if a.kind not in POD_CONTROLLERS]
 
     def rbac_rules(self) -> list[dict[str, Any]]:
         """One rule per (group, resources, verbs), merged and sorted: deterministic output."""

@@ -1,5 +1,5 @@
 """Stopping and restoring a manager through its actuator (annotation and field stops; a `scale`
-actuator goes through the scale subresource like a Deployment, Reconciler.scale_to_zero).
+row goes through the scale subresource, act/stopping.py: Stopper.scale_to_zero).
 
 The stop and its record (`ghostgpu.io/reclaimed-from`, the previous value of every pointer the stop
 writes) are ONE merge patch with the object's resourceVersion as precondition: the object is never
@@ -15,20 +15,12 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from ghostgpu.actuators import RECLAIMED_FROM_RECORD, Actuator
 from ghostgpu.controller import keys
-from ghostgpu.controller.actuators import RECLAIMED_FROM_RECORD, Actuator
 from ghostgpu.controller.inventory import WorkloadRef
 from ghostgpu.controller.kube import AdmissionDenied, Conflict, NotFound
 
 log = logging.getLogger("ghostgpu.controller")
-
-
-def describe_stop(a: Actuator) -> str:
-    if a.stop == "annotation":
-        return f"annotation {a.annotation}={a.value}"
-    if a.stop == "field":
-        return f"{a.field}={a.value}"
-    return "scale to 0"
 
 
 @dataclass(frozen=True)
@@ -59,7 +51,7 @@ async def stop(
     ann = meta.get("annotations") or {}
     if a.is_stopped(fresh):
         return StopOutcome("already-stopped", fresh)  # someone (a person, the other replica) did
-    if ann.get(keys.RECLAIM_POLICY) == "never" or ann.get(keys.GPU_EVICTION_POLICY) == "never":
+    if keys.refuses_reclaim(ann):
         return StopOutcome("exempt", fresh)
     if not is_leader:
         return StopOutcome("not-leader", fresh)

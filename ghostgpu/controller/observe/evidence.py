@@ -12,7 +12,6 @@ import json
 import math
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, NamedTuple
 
 from ghostgpu.config import ControllerConfig
 from ghostgpu.signals.artifacts import ArtifactHistory, ArtifactTarget
@@ -46,23 +45,11 @@ def policy_from_config(cfg: ControllerConfig) -> VerdictPolicy:
     )
 
 
-class SettledPlan(NamedTuple):
-    """What Reconciler.poll_once planned for a one-pod workload whose utilization window settled
-    its verdict, and the objects it planned from: while they are the same objects, the plan is."""
-
-    workload: Any  # inventory.Workload (the watch cache's object)
-    pod: Any  # inventory.PodView
-    verdict: Verdict
-    team: str | None
-    plan: Any  # planner.Plan
-    reasons_changed: bool
-    kind: str
-    gpus: float
-
-
 @dataclass(slots=True)
 class WorkloadState:
-    """What the controller remembers about one workload (reset when its uid changes)."""
+    """What the controller remembers about one workload (reset when its uid changes). The observe
+    room owns it; the act room keeps its once-per-verdict announcements here too (escalated_for,
+    blocked_for), so they go when the workload does."""
 
     uid: str
     ring: UtilizationRing
@@ -75,7 +62,6 @@ class WorkloadState:
     blocked_for: VerdictKind | None = None  # announce a PDB-blocked eviction once per verdict
     pod_uids: tuple[str, ...] = ()  # sorted; kept as is while the pods stay the same
     past_grace: bool = False  # these pods (pod_uids) are past the start-up grace
-    settled: SettledPlan | None = None  # last poll's, for a verdict its window settled
 
     @classmethod
     def new(cls, uid: str, cfg: ControllerConfig) -> WorkloadState:

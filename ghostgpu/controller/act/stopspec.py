@@ -28,11 +28,5 @@ def replicas_zero(obj: Mapping[str, Any]) -> bool:
     return replicas is not None and int(replicas) == 0
 
 
-# Today's reclaim of a Deployment or StatefulSet: the scale subresource sets spec.replicas to 0.
+# A scale row's stop (the actuator table's Deployment and StatefulSet rows write the same pointer).
 SCALE_TO_ZERO = StopSpec(("/spec/replicas",), replicas_zero)
-
-
-def stop_spec_for(kind: str) -> StopSpec | None:
-    """The stop the reconciler uses for a workload kind (None: no stop that these guards cover, e.g.
-    the eviction of a bare Pod, which nothing puts back)."""
-    return SCALE_TO_ZERO if kind in ("Deployment", "StatefulSet") else None

@@ -33,15 +33,17 @@ import hashlib
 import json
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from ghostgpu.actuators import RECLAIMED_FROM_RECORD
 from ghostgpu.controller import keys
-from ghostgpu.controller.inventory import WorkloadRef, parse_time
+from ghostgpu.controller.act.stopspec import StopSpec
+from ghostgpu.controller.inventory import Workload, WorkloadRef, parse_time
 from ghostgpu.controller.kube import AdmissionDenied, Conflict, NotFound
-from ghostgpu.controller.stopspec import StopSpec
+from ghostgpu.controller.ledger import LedgerBook, ledger_key
 
 log = logging.getLogger("ghostgpu.controller.revert_guard")
 
@@ -202,6 +204,40 @@ class Candidate:
     stop: StopSpec
     # The annotations that make up the record, removed together with the mark being added.
     record_keys: tuple[str, ...] = (keys.RECLAIMED_FROM, keys.RECLAIMED_AT)
+
+
+def revert_candidates(
+    marked: Iterable[tuple[WorkloadRef, Workload]],
+    opted_in: set[str],
+    records: LedgerBook,
+    stop_spec: Callable[[Workload], StopSpec | None],
+) -> list[Candidate]:
+    """The reclaimed workloads (a record on them or in the ledger) of opted-in namespaces, each
+    with its record, when it was written and whether the stop holds in the cache."""
+    candidates = []
+    for ref, wl in marked:  # only these can be undone
+        record = records.reclaimed_from(wl) if ref.namespace in opted_in else None
+        if record is None and ref.namespace in opted_in and RECLAIMED_FROM_RECORD in wl.annotations:
+            # A manager's annotation or field stop: its record is the previous values (stops.py).
+            stop = stop_spec(wl)
+            if stop is not None:
+                candidates.append(
+                    Candidate(
+                        ref, wl.uid, wl.annotations[RECLAIMED_FROM_RECORD],
+                        parse_time(wl.annotations.get(keys.RECLAIMED_AT)), stop.is_stopped(wl.raw),
+                        stop, record_keys=(RECLAIMED_FROM_RECORD, keys.RECLAIMED_AT),
+                    )
+                )  # fmt: skip
+            continue
+        stop = stop_spec(wl) if record is not None else None
+        if record is None or stop is None:
+            continue
+        at = wl.annotations.get(keys.RECLAIMED_AT)
+        if at is None and wl.reclaimed_from is None:
+            entry = records.entries.get(ledger_key(ref))
+            at = entry.at if entry is not None else None
+        candidates.append(Candidate(ref, wl.uid, str(record), parse_time(at), stop.is_stopped(wl.raw), stop))
+    return candidates
 
 
 class RevertGuard:

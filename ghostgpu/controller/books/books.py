@@ -1,0 +1,168 @@
+"""The books room's entry points: `Books.keep` once per poll on the leader (the decision log, the
+ghost gauge, reclaimable and recovered GPU-hours, the Kueue nudge) and `accounting_from` for every
+replica after the poll (GPUs by flavor and verdict bucket, what the Kueue reservation reads:
+reservation.py). Nothing here changes a workload; the nudge writes one annotation on Nodes.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+from ghostgpu.actuators import RECLAIMED_FROM_RECORD, ActuatorTable
+from ghostgpu.config import ControllerConfig
+from ghostgpu.controller import keys
+from ghostgpu.controller.books.accounting import FlavorAccount, FlavorSpec, account
+from ghostgpu.controller.books.decisions import DecisionLog
+from ghostgpu.controller.inventory import PodView, Workload, WorkloadRef, pods_by_workload
+from ghostgpu.controller.judge.judge import Row
+from ghostgpu.controller.judge.recorded import recorded, verdict_of
+from ghostgpu.controller.kube import Cluster
+from ghostgpu.controller.ledger import LedgerBook
+from ghostgpu.controller.metrics import ControllerMetrics
+from ghostgpu.controller.poll import RECLAIM_OUTCOMES, RECLAIMABLE_VALUES, Judged, PollResult, Snapshot
+
+log = logging.getLogger("ghostgpu.controller")
+
+
+class Books:
+    def __init__(
+        self,
+        cfg: ControllerConfig,
+        *,
+        cluster: Cluster,
+        metrics: ControllerMetrics,
+        decision_log: DecisionLog,
+        actuators: ActuatorTable,
+        records: LedgerBook,
+        nudge_nodes: bool,
+    ) -> None:
+        self.cfg = cfg
+        self.cluster = cluster
+        self.metrics = metrics
+        self.decision_log = decision_log
+        self.actuators = actuators
+        self.records = records
+        self.nudge_nodes = nudge_nodes
+
+    async def keep(self, snap: Snapshot, result: PollResult, rows: Sequence[Row], *, poll: int) -> None:
+        """The leader's books for one poll."""
+        # Run-length: only changed rows reach the file (decisions.py).
+        self.decision_log.record_poll(
+            ts=result.started,
+            poll=poll,
+            mode=self.cfg.mode,
+            interval_s=self.cfg.poll_interval.seconds,
+            rows=rows,  # type: ignore[arg-type]
+        )
+        self.accrue(snap, result)
+        await self.nudge_kueue(result)
+
+    def accrue(self, snap: Snapshot, result: PollResult) -> None:
+        """Ghost GPUs gauge and the GPU-hour counters (leader only, once per poll)."""
+        hours = self.cfg.poll_interval.seconds / 3600.0
+        flavors_by_node = {
+            (n.get("metadata") or {}).get("name", ""): n.get("_flavor", "unknown") for n in snap.nodes
+        }
+        ghosts: Counter[tuple[str, str, str]] = Counter()
+        for ref, j in result.judged.items():
+            reclaimable = j.kind in RECLAIMABLE_VALUES
+            for pod in j.pods:
+                flavor = flavors_by_node.get(pod.node_name or "", "unknown")
+                gpus = sum(pod.gpu_requests.values())
+                ghosts[(ref.namespace, flavor, j.kind)] += gpus
+                if reclaimable:
+                    self.metrics.gpu_hours_reclaimable.labels(ref.namespace, flavor).inc(gpus * hours)
+        self.metrics.set_ghosts(ghosts)
+        for ref, wl in self.records.marked(snap.workloads):  # only these hold GPUs free
+            pods = self.recovered_pods(wl)
+            if pods:
+                gpus = sum(wl.gpus_per_pod.values()) * pods
+                self.metrics.gpu_hours_recovered.labels(ref.namespace, "all").inc(gpus * hours)
+
+    def recovered_pods(self, wl: Workload) -> int | None:
+        """How many pods' GPUs a reclaim of `wl` holds free now (None: not reclaimed, or undone).
+        A scale row: its recorded replica count while it is at 0. An annotation or field row (a
+        suspended RayCluster, a stopped Notebook or InferenceService, a NIMService at 0): while
+        the stop holds, its replica count before the stop (the record's, when the stop wrote the
+        replica count itself), else its pod templates' replicas (1 without a count)."""
+        reclaimed_from = self.records.reclaimed_from(wl)
+        if reclaimed_from is not None:
+            return reclaimed_from if wl.replicas == 0 else None
+        raw = wl.annotations.get(RECLAIMED_FROM_RECORD)
+        a = self.actuators.get(wl.ref.kind)
+        if raw is None or a is None or a.stop == "scale" or not a.is_stopped(wl.raw):
+            return None
+        try:
+            record = json.loads(raw)
+        except ValueError:
+            return None
+        before = record.get(a.replicas) if isinstance(record, dict) and a.replicas else None
+        return int(before) if isinstance(before, int | float) else wl.replicas
+
+    async def nudge_kueue(self, result: PollResult) -> None:
+        """Tell Kueue that GPUs were freed on these nodes.
+
+        Why: Kueue's topology-aware scheduling counts pods outside Kueue against node capacity,
+        but (before v0.19.1) retries inadmissible workloads on node changes, not on pod deletions;
+        so a Job that did not fit would wait for an unrelated event. A Node annotation change is
+        such an event (v0.19.1+ also retries on pod deletions, batched every 10 s: the nudge only
+        saves those seconds there). The annotation is informational; failures are only logged.
+        """
+        if not self.nudge_nodes:
+            return
+        nodes = sorted(
+            {
+                p.node_name
+                for ref, outcome in result.actions
+                if outcome in (*RECLAIM_OUTCOMES, "evict-evicted")
+                for p in result.judged[ref].pods
+                if p.node_name
+            }
+        )
+        stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        for node in nodes:
+            try:
+                await self.cluster.annotate_node(node, {keys.CAPACITY_FREED_AT: stamp})
+            except Exception as exc:
+                log.warning("could not annotate node", extra={"node": node, "error": str(exc)})
+
+
+def outside_kueue_buckets(
+    judged: Mapping[WorkloadRef, Judged],
+    workloads: Mapping[WorkloadRef, Workload],
+    pods_of: Mapping[WorkloadRef, list[PodView]],
+) -> dict[tuple[str, str], str]:
+    """(namespace, pod) -> verdict bucket for every pod of a tracked workload."""
+    out: dict[tuple[str, str], str] = {}
+    for ref, wl in workloads.items():
+        if ref in judged:
+            bucket = judged[ref].kind
+        elif wl.exempt:
+            bucket = "EXEMPT"
+        else:
+            kind = verdict_of(recorded(wl, pods_of.get(ref, [])))
+            bucket = kind.value if kind else "PENDING"
+        for pod in pods_of.get(ref, []):
+            out[(pod.namespace, pod.name)] = bucket
+    return out
+
+
+def accounting_from(
+    flavors: Sequence[FlavorSpec],
+    snap: Snapshot,
+    cluster_queues: Sequence[Mapping[str, Any]],
+    judged: Mapping[WorkloadRef, Judged] | None = None,
+    pods_of: Mapping[WorkloadRef, list[PodView]] | None = None,
+) -> list[FlavorAccount]:
+    """`pods_of`: the poll's PollResult.pods_of (the same snapshot), else computed here."""
+    opted_in = snap.opted_in()
+    workloads = {ref: wl for ref, wl in snap.workloads.items() if ref.namespace in opted_in}
+    if pods_of is None:
+        pods_of = pods_by_workload(workloads, snap.pods, snap.top_of)
+    buckets = outside_kueue_buckets(judged or {}, workloads, pods_of)
+    return account(flavors, snap.nodes, snap.pods, cluster_queues, buckets)
