@@ -468,7 +468,11 @@ def test_shadow_verdicts_then_enforce_then_restore(
 def host_traces(state_dir: Path) -> dict[str, Any]:
     """What a real node of state_dir could leave on the host."""
     lay = realnode.Layout(state_dir)
-    mounts = [ln for ln in Path("/proc/self/mountinfo").read_text().splitlines() if str(lay.dir) in ln]
+    mounts = [
+        ln
+        for ln in Path("/proc/self/mountinfo").read_text().splitlines()
+        if str(lay.dir) in ln or str(lay.run_dir) in ln
+    ]
     shims = [
         c for c in realnode._cmdlines_matching("containerd-shim-runc-v2").values() if str(lay.socket) in c
     ]
@@ -488,18 +492,24 @@ def test_a_second_real_node_survives_kill_9_and_down_leaves_the_host_as_it_was(
     kubelet, and the sysctls as they were (the session's kubelet still holds its own)."""
     before = realnode.read_sysctls()
     second = DevCluster.up(tmp_path, addons=())
-    assert second.state.real_node, second.state.real_node_error
-    assert realnode.cgroup_root_name(tmp_path) != realnode.cgroup_root_name(Path(devcluster.state.state_dir))
-    images = second.state.node_images
-    assert images is not None
-    shape = RealShape("sleep-max-int-holder", {"main": Box(["sleep", "2147483647"])})
-    second.kube.apply(deployment(shape, "default", {"workload": images.workload}))
-    f = Fleet(second, "default")
-    wait_for(lambda: f.running_pod(shape), 90, "a pod on the second real node")
-    assert host_traces(tmp_path)["mounts"] and host_traces(tmp_path)["shims"]
-    for p in second.state.processes:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(p.pid, signal.SIGKILL)
+    try:
+        assert second.state.real_node, second.state.real_node_error
+        assert realnode.cgroup_root_name(tmp_path) != realnode.cgroup_root_name(
+            Path(devcluster.state.state_dir)
+        )
+        images = second.state.node_images
+        assert images is not None
+        shape = RealShape("sleep-max-int-holder", {"main": Box(["sleep", "2147483647"])})
+        second.kube.apply(deployment(shape, "default", {"workload": images.workload}))
+        f = Fleet(second, "default")
+        wait_for(lambda: f.running_pod(shape), 90, "a pod on the second real node")
+        assert host_traces(tmp_path)["mounts"] and host_traces(tmp_path)["shims"]
+        for p in second.state.processes:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(p.pid, signal.SIGKILL)
+    except BaseException:
+        second.down()  # a failure before the kill must not leave a second cluster running
+        raise
     again = DevCluster.up(tmp_path, addons=())  # clears what the killed run left, starts afresh
     try:
         assert again.state.real_node, again.state.real_node_error
