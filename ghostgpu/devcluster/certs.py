@@ -5,7 +5,11 @@ service-account signing key. Everything is for 127.0.0.1 only."""
 from __future__ import annotations
 
 import datetime as dt
+import fcntl
 import ipaddress
+import os
+import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -38,6 +42,21 @@ def _name(cn: str, org: str | None = None) -> x509.Name:
 class KeyPair:
     cert: Path
     key: Path
+
+
+def is_matching_pair(cert: Path, key: Path) -> bool:
+    """True when both files exist, parse, the key belongs to the cert and the cert is still valid."""
+    try:
+        crt = x509.load_pem_x509_certificate(cert.read_bytes())
+        private = serialization.load_pem_private_key(key.read_bytes(), password=None)
+    except (OSError, ValueError, TypeError):
+        return False
+    same = crt.public_key().public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+    ) == private.public_key().public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+    )
+    return same and crt.not_valid_after_utc > dt.datetime.now(dt.UTC) + dt.timedelta(days=1)
 
 
 class CertAuthority:
@@ -133,3 +152,20 @@ def service_account_keys(directory: Path) -> KeyPair:
             )
         )
     return pair
+
+
+def install_shared_pair(directory: Path, issue: Callable[[], KeyPair]) -> None:
+    """Put a cert and its key at `directory`/tls.crt and tls.key, a path several devclusters on one
+    host share: a valid pair already there is kept; otherwise `issue()` makes one, written under an
+    exclusive lock and each file renamed into place so no reader sees half of one."""
+    directory.mkdir(parents=True, exist_ok=True)
+    crt, key = directory / "tls.crt", directory / "tls.key"
+    with (directory / ".ghostgpu.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if is_matching_pair(crt, key):
+            return
+        pair = issue()
+        for src, dst in ((pair.key, key), (pair.cert, crt)):
+            tmp = dst.with_suffix(".tmp")
+            shutil.copy(src, tmp)
+            os.replace(tmp, dst)

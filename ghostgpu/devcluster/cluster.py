@@ -24,7 +24,7 @@ from kubernetes import client
 from pydantic import BaseModel, Field
 
 from ghostgpu.devcluster import components, procs, realnode
-from ghostgpu.devcluster.certs import CertAuthority, service_account_keys
+from ghostgpu.devcluster.certs import CertAuthority, install_shared_pair, service_account_keys
 from ghostgpu.devcluster.fake_dcgm import FakeDcgmClient
 from ghostgpu.devcluster.kube import Kube, load_yaml_docs
 from ghostgpu.devcluster.kwok_exec import ProcessTables, install_shims
@@ -620,11 +620,14 @@ class _Starter:
     def _kueue_metrics_certs(self) -> None:
         # Kueue (v0.17 to v0.19 at least) reads its metrics serving cert from this fixed path whenever
         # internal cert management is off (cmd/kueue/main.go); nothing verifies it here, any cert will do.
-        pair = self.pki.issue("kueue-metrics", "kueue-metrics", server=True, ips=("127.0.0.1",))
+        # Every devcluster on the host (one per test worker) shares the path, so a valid pair already
+        # there is kept, and a new one is written under a lock, each file renamed into place: a Kueue
+        # starting in another cluster never reads one cluster's cert beside another's key.
         try:
-            KUEUE_METRICS_CERT_DIR.mkdir(parents=True, exist_ok=True)
-            shutil.copy(pair.cert, KUEUE_METRICS_CERT_DIR / "tls.crt")
-            shutil.copy(pair.key, KUEUE_METRICS_CERT_DIR / "tls.key")
+            install_shared_pair(
+                KUEUE_METRICS_CERT_DIR,
+                lambda: self.pki.issue("kueue-metrics", "kueue-metrics", server=True, ips=("127.0.0.1",)),
+            )
         except PermissionError as e:
             raise RuntimeError(
                 f"Kueue needs its metrics certificate in {KUEUE_METRICS_CERT_DIR} (a fixed path in "
