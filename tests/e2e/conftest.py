@@ -37,6 +37,7 @@ from ghostgpu.devcluster.bundles import apply_bundles
 from ghostgpu.devcluster.paths import Toolchain
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Under pytest-xdist (hack/test runs `--dist loadgroup`), a module whose tests share a fixture it
     defines at module or session scope (a KubeRay operator, a Kueue restarted with other settings,
