@@ -87,6 +87,37 @@ class ProcessInfo(_Frozen):
         return self.state[:1].upper() in DEFUNCT_STATES
 
 
+class ProcessCounts(_Frozen):
+    """How many of a workload's processes play each role: what the verdict needs from a listing.
+    The node agent classifies a container's rows on the node and exports these counts; the exec
+    source's rows are counted here. Counts of several containers add up (`+`)."""
+
+    work: int = Field(0, ge=0)
+    wrapper: int = Field(0, ge=0)
+    holder: int = Field(0, ge=0)
+    timer: int = Field(0, ge=0)
+    session: int = Field(0, ge=0)
+    defunct: int = Field(0, ge=0)
+    # The programs that keep it alive (work, timer, session roles), for a person reading the
+    # verdict; the verdict itself reads only the counts.
+    programs: tuple[str, ...] = ()
+
+    @property
+    def total(self) -> int:
+        return self.work + self.wrapper + self.holder + self.timer + self.session + self.defunct
+
+    def __add__(self, other: ProcessCounts) -> ProcessCounts:
+        return ProcessCounts(
+            work=self.work + other.work,
+            wrapper=self.wrapper + other.wrapper,
+            holder=self.holder + other.holder,
+            timer=self.timer + other.timer,
+            session=self.session + other.session,
+            defunct=self.defunct + other.defunct,
+            programs=tuple(sorted(set(self.programs) | set(other.programs))),
+        )
+
+
 class ArtifactsNotDeclared(_Frozen):
     """The workload has no `ghostgpu.io/artifacts` annotation: nothing to check."""
 
@@ -151,7 +182,8 @@ class Evidence(_Frozen):
 
     utilization: tuple[UtilizationSample, ...] = ()  # oldest first, newest last
     # None = not collected (the controller lists processes only once the window is all zero).
-    processes: tuple[ProcessInfo, ...] | SignalFailure | None = None
+    # Rows (an exec'd `ps`) or per-role counts (the node agent classified the rows on the node).
+    processes: tuple[ProcessInfo, ...] | ProcessCounts | SignalFailure | None = None
     artifacts: ArtifactObservation = ArtifactsNotDeclared()
     faults: FaultObservation = FaultEvidence()
     memory: MemoryObservation | None = None  # None = not collected
@@ -292,6 +324,21 @@ def classify_listing(procs: tuple[ProcessInfo, ...], policy: ProcessPolicy) -> l
     across containers: each container's entrypoint then has ppid 0 without being an exec."""
     shared = {p.scope for p in procs if p.pid == 1 and program_of(p.command)[0] == "pause"}
     return [classify(p, policy, shared_pid_namespace=p.scope in shared) for p in procs]
+
+
+_KEEPS_ALIVE = frozenset({ProcessRole.WORK, ProcessRole.TIMER, ProcessRole.SESSION})
+
+
+def count_roles(procs: tuple[ProcessInfo, ...], policy: ProcessPolicy) -> ProcessCounts:
+    """The per-role counts of a listing (`classify_listing`), with the programs that keep it alive."""
+    roles = classify_listing(procs, policy)
+    by_role = {role: 0 for role in ProcessRole}
+    programs: set[str] = set()
+    for proc, role in zip(procs, roles, strict=True):
+        by_role[role] += 1
+        if role in _KEEPS_ALIVE:
+            programs.add(program_of(proc.command, policy.interpreters)[0])
+    return ProcessCounts(**{role.value: n for role, n in by_role.items()}, programs=tuple(sorted(programs)))
 
 
 class VerdictPolicy(_Frozen):
@@ -540,27 +587,24 @@ def decide(evidence: Evidence, policy: VerdictPolicy | None = None) -> Verdict:
     live: int | None = None
     dead: int | None = None
     if isinstance(procs, tuple):
+        procs = count_roles(procs, policy.processes)
+    if isinstance(procs, ProcessCounts):
+        dead = procs.defunct
+        live = procs.total - dead
         if rule is Rule.PAPER_MULTI_SIGNAL:
             # The published detector counts every pid, so a zombie's defunct child keeps it alive.
-            dead = sum(p.defunct for p in procs)
-            live = len(procs) - dead
-            if procs:
+            if procs.total:
                 return verdict(VerdictKind.ACTIVE, *reasons, Reason.PROCESS_PRESENT, live=live, dead=dead)
             return verdict(VerdictKind.FINISHED_IDLE, *reasons, Reason.NO_PROCESS, live=live, dead=dead)
-        roles = classify_listing(procs, policy.processes)
-        dead = roles.count(ProcessRole.DEFUNCT)
-        live = len(roles) - dead
-        if live and all(
-            r in (ProcessRole.WRAPPER, ProcessRole.HOLDER) for r in roles if r is not ProcessRole.DEFUNCT
-        ):
+        if live and not (procs.work or procs.timer or procs.session):
             # `sh -c "train.py; sleep infinity"` after training: a container kept alive, no work.
             reasons.append(Reason.HOLDERS_ONLY)
             live = 0
         if live:
             reasons.append(Reason.LIVE_PROCESS)
-            if ProcessRole.TIMER in roles:
+            if procs.timer:
                 reasons.append(Reason.TIMER)
-            if ProcessRole.SESSION in roles:
+            if procs.session:
                 reasons.append(Reason.ATTACHED_SESSION)
             if mem_bytes is not None and mem_bytes >= policy.memory_held_bytes:
                 reasons.append(Reason.MEMORY_HELD)

@@ -13,6 +13,7 @@ from ghostgpu.verdict import (
     FailureReason,
     FaultEvidence,
     GpuMemory,
+    ProcessCounts,
     ProcessInfo,
     ProcessPolicy,
     ProcessRole,
@@ -23,6 +24,7 @@ from ghostgpu.verdict import (
     VerdictPolicy,
     XidEvent,
     classify_listing,
+    count_roles,
     decide,
 )
 
@@ -210,3 +212,34 @@ def test_window_verdict_is_decides_answer_whenever_it_gives_one(
         assert settled is None  # only the whole evidence can tell
     else:
         assert settled == full and settled.model_dump() == full.model_dump()
+
+
+scoped_procs = st.builds(
+    ProcessInfo,
+    pid=st.integers(1, 64),
+    state=st.one_of(live_states, dead_states),
+    command=commands,
+    ppid=ppids,
+    scope=st.sampled_from(["p/a", "p/b", "q/a"]),
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    table=st.lists(scoped_procs, max_size=8).map(tuple),
+    utilization=samples,
+    policy=policies(PROCESS_AWARE),
+    memory=memories,
+    faults=faults,
+)
+def test_the_agents_counts_give_the_verdict_the_rows_give(
+    table: tuple[ProcessInfo, ...], utilization, policy: VerdictPolicy, memory, faults
+) -> None:
+    """The node agent counts each container's roles on the node; the controller adds the counts of
+    a workload's containers. That sum must decide exactly as the rows of every container would."""
+    per_scope = [tuple(p for p in table if p.scope == s) for s in sorted({p.scope for p in table})]
+    summed = sum((count_roles(rows, policy.processes) for rows in per_scope), ProcessCounts())
+    rows = decide(Evidence(utilization=utilization, processes=table, memory=memory, faults=faults), policy)
+    counts = decide(Evidence(utilization=utilization, processes=summed, memory=memory, faults=faults), policy)
+    assert (counts.kind, counts.reasons) == (rows.kind, rows.reasons)
+    assert summed.total == len(table)
