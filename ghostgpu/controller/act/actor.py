@@ -19,12 +19,13 @@ from typing import Any
 
 from ghostgpu.actuators import describe_stop
 from ghostgpu.controller import budget, keys
+from ghostgpu.controller.act import stops
 from ghostgpu.controller.act.stopping import Stopper
 from ghostgpu.controller.inventory import PodView, Workload, WorkloadRef
 from ghostgpu.controller.judge.judge import Apply, Rulings
 from ghostgpu.controller.judge.planner import Plan
 from ghostgpu.controller.judge.recorded import reasons_changed, recorded, verdict_of
-from ghostgpu.controller.kube import AdmissionDenied, Cluster, NotFound
+from ghostgpu.controller.kube import AdmissionDenied, Cluster
 from ghostgpu.controller.metrics import ControllerMetrics
 from ghostgpu.controller.observe.evidence import WorkloadState, evidence_json, evidence_summary
 from ghostgpu.controller.poll import RECLAIM_OUTCOMES, RECLAIMABLE_VALUES, PollResult
@@ -191,18 +192,17 @@ class Actor:
 
     async def evict(self, wl: Workload, pods: list[PodView], verdict: Verdict) -> str:
         ref = wl.ref
-        try:
-            fresh = await self.cluster.get(ref)
-        except NotFound:
-            return "gone"
-        meta = fresh.get("metadata") or {}
-        ann = meta.get("annotations") or {}
-        if meta.get("deletionTimestamp"):
-            return "already-terminating"
-        if keys.refuses_reclaim(ann):
-            return "exempt"
-        if not self.is_leader():
-            return "not-leader"
+        fresh, why_not = await stops.read_for_write(
+            self.cluster,
+            ref,
+            is_leader=self.is_leader,
+            already=lambda o: (
+                "already-terminating" if (o.get("metadata") or {}).get("deletionTimestamp") else None
+            ),
+        )
+        if why_not is not None:
+            return why_not
+        assert fresh is not None
         outcome = await self.cluster.evict(ref.namespace, ref.name)
         if outcome == "evicted":
             self.metrics.reclaims.labels(ref.namespace, verdict.kind.value, "evict").inc()

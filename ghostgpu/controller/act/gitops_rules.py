@@ -355,16 +355,15 @@ def kustomization_preflight(
         )
     if str(ann.get(FLUX_RECONCILE, "")).lower() == "disabled":
         return Preflight(Outcome.CLEAR, f"the object opts out of Flux ({FLUX_RECONCILE}: disabled)", ref)
-    uncovered = _flux_uncovered(spec.get("ignore") or [], obj, writes)
-    target = Target.of(obj)
-    if not uncovered:
-        return Preflight(Outcome.CLEAR, f"{where} ignores {', '.join(writes)}", ref)
-    return Preflight(
-        Outcome.REVERTS,
-        f"{where} applies the object every interval and would put {', '.join(uncovered)} back: "
-        f"no spec.ignore rule for {target.short} covers it",
+    return _flux_rules_cover(
+        spec.get("ignore") or [],
+        obj,
+        writes,
         ref,
-        flux_ignore_fix(target, uncovered, helm=False),
+        helm=False,
+        clear=f"{where} ignores {', '.join(writes)}",
+        reverts=f"{where} applies the object every interval and would put {{}} back: no spec.ignore rule "
+        "for {} covers it",
     )
 
 
@@ -380,14 +379,37 @@ def helmrelease_preflight(
         return Preflight(
             Outcome.CLEAR, f"{where} does not correct drift (driftDetection.mode is not enabled)", ref
         )
-    uncovered = _flux_uncovered(drift.get("ignore") or [], obj, writes)
-    target = Target.of(obj)
+    return _flux_rules_cover(
+        drift.get("ignore") or [],
+        obj,
+        writes,
+        ref,
+        helm=True,
+        clear=f"{where} ignores {', '.join(writes)} in drift detection",
+        reverts=f"{where} corrects drift and would put {{}} back: no driftDetection.ignore rule for {{}} "
+        "covers it",
+    )
+
+
+def _flux_rules_cover(
+    rules: Sequence[Mapping[str, Any]],
+    obj: Mapping[str, Any],
+    writes: Sequence[str],
+    ref: ManagerRef,
+    *,
+    helm: bool,
+    clear: str,
+    reverts: str,
+) -> Preflight:
+    """CLEAR when Flux's ignore rules cover every path the stop writes; else REVERTS with the rule
+    that would (`reverts` is formatted with the uncovered paths and the target's short name)."""
+    uncovered = _flux_uncovered(rules, obj, writes)
     if not uncovered:
-        return Preflight(Outcome.CLEAR, f"{where} ignores {', '.join(writes)} in drift detection", ref)
+        return Preflight(Outcome.CLEAR, clear, ref)
+    target = Target.of(obj)
     return Preflight(
         Outcome.REVERTS,
-        f"{where} corrects drift and would put {', '.join(uncovered)} back: no driftDetection.ignore "
-        f"rule for {target.short} covers it",
+        reverts.format(", ".join(uncovered), target.short),
         ref,
-        flux_ignore_fix(target, uncovered, helm=True),
+        flux_ignore_fix(target, uncovered, helm=helm),
     )

@@ -117,19 +117,17 @@ class Stopper:
 
     async def scale_to_zero(self, wl: Workload, verdict: Verdict) -> str:
         ref = wl.ref
-        try:
-            fresh = await self.cluster.get(ref)
-        except NotFound:
-            return "gone"
+        fresh, why_not = await stops.read_for_write(
+            self.cluster,
+            ref,
+            is_leader=self.is_leader,
+            already=lambda o: None if _replicas(o) else "already-zero",
+        )
+        if why_not is not None:
+            return why_not
+        assert fresh is not None
         meta = fresh.get("metadata") or {}
-        ann = meta.get("annotations") or {}
-        replicas = int((fresh.get("spec") or {}).get("replicas", 1) or 0)
-        if replicas == 0:
-            return "already-zero"  # someone (the other replica, a person) already did it
-        if keys.refuses_reclaim(ann):
-            return "exempt"
-        if not self.is_leader():
-            return "not-leader"
+        replicas = _replicas(fresh)
         held = await self.before_stop(wl, fresh, verdict)  # revert mark, GitOps pre-flight
         if held is not None:
             return held
@@ -282,3 +280,7 @@ class Stopper:
             await self.revert_guard.sweep(candidates)
         except Exception as exc:  # the next poll tries again; judging must go on
             log.warning("revert guard failed", extra={"error": f"{type(exc).__name__}: {exc}"})
+
+
+def _replicas(obj: Mapping[str, Any]) -> int:
+    return int((obj.get("spec") or {}).get("replicas", 1) or 0)

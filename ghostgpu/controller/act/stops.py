@@ -33,6 +33,31 @@ class StopOutcome:
     record: str = ""  # the ghostgpu.io/reclaimed-from value written with the stop
 
 
+async def read_for_write(
+    cluster: Any,
+    ref: WorkloadRef,
+    *,
+    is_leader: Callable[[], bool],
+    already: Callable[[Mapping[str, Any]], str | None],
+) -> tuple[Mapping[str, Any] | None, str | None]:
+    """Every stop re-reads the object right before its write and goes ahead only if it still should:
+    (fresh, None) to go ahead, else (fresh or None, why not): gone, `already(fresh)` (someone — a
+    person, the other replica — already did it), exempt by annotation, or not the leader (asked
+    last, as close to the write as possible)."""
+    try:
+        fresh = await cluster.get(ref)
+    except NotFound:
+        return None, "gone"
+    done = already(fresh)
+    if done is not None:
+        return fresh, done
+    if keys.refuses_reclaim((fresh.get("metadata") or {}).get("annotations") or {}):
+        return fresh, "exempt"
+    if not is_leader():
+        return fresh, "not-leader"
+    return fresh, None
+
+
 async def stop(
     cluster: Any,
     ref: WorkloadRef,
@@ -43,18 +68,16 @@ async def stop(
 ) -> StopOutcome:
     """Re-read the object and stop it through its actuator (leader only). `before(fresh)`: None to
     go ahead, else the outcome that replaces the stop (nothing is written)."""
-    try:
-        fresh = await cluster.get(ref)
-    except NotFound:
-        return StopOutcome("gone")
+    fresh, why_not = await read_for_write(
+        cluster,
+        ref,
+        is_leader=lambda: is_leader,
+        already=lambda o: "already-stopped" if a.is_stopped(o) else None,
+    )
+    if why_not is not None:
+        return StopOutcome(why_not, fresh)
+    assert fresh is not None
     meta = fresh.get("metadata") or {}
-    ann = meta.get("annotations") or {}
-    if a.is_stopped(fresh):
-        return StopOutcome("already-stopped", fresh)  # someone (a person, the other replica) did
-    if keys.refuses_reclaim(ann):
-        return StopOutcome("exempt", fresh)
-    if not is_leader:
-        return StopOutcome("not-leader", fresh)
     held = await before(fresh) if before is not None else None
     if held is not None:
         return StopOutcome(held, fresh)
