@@ -258,7 +258,9 @@ def test_a_kustomization_reverts_unless_suspended_ignored_or_opted_out() -> None
         opted = deployment(annotations=ann)
         assert kustomization_preflight(ks(), opted, WRITES, ref=KS_REF).outcome is Outcome.CLEAR, ann
     merge = deployment(annotations={"kustomize.toolkit.fluxcd.io/ssa": "Merge"})
-    assert kustomization_preflight(ks(), merge, WRITES, ref=KS_REF).outcome is Outcome.REVERTS
+    pre = kustomization_preflight(ks(), merge, WRITES, ref=KS_REF)
+    assert pre.outcome is Outcome.REVERTS
+    assert "would put /spec/replicas back: no spec.ignore rule for " in pre.reason, pre.reason
 
 
 @pytest.mark.parametrize(
@@ -296,6 +298,9 @@ def test_a_helmrelease_reverts_only_with_drift_detection_enabled() -> None:
     enabled = {"spec": {"driftDetection": {"mode": "enabled"}}}
     pre = helmrelease_preflight(enabled, obj, WRITES, ref=ref)
     assert pre.outcome is Outcome.REVERTS
+    assert (
+        "corrects drift and would put /spec/replicas back: no driftDetection.ignore rule for " in pre.reason
+    )
     fix = yaml.safe_load(pre.fix)["spec"]["driftDetection"]
     fixed = {"spec": {"driftDetection": {"mode": "enabled", **fix}}}
     assert helmrelease_preflight(fixed, obj, WRITES, ref=ref).outcome is Outcome.CLEAR
