@@ -19,12 +19,11 @@ def pytest_collection_modifyitems(config, items):
 """
 
 TESTS = """
-import os, time
+import os
 
 def _record(name):
     with open(os.environ["WORKER_LOG"], "a") as f:
         f.write(name + ' ' + os.environ['PYTEST_XDIST_WORKER'] + '\\n')
-    time.sleep(0.2)  # long enough that a free worker would take the next test
 
 TESTS_HERE
 """
@@ -41,7 +40,7 @@ def test_a_grouped_module_runs_in_one_worker(tmp_path: Path) -> None:
             sys.executable,
             "-m",
             "pytest",
-            "-q",
+            "-v",
             "-n",
             "2",
             "--dist",
@@ -60,8 +59,9 @@ def test_a_grouped_module_runs_in_one_worker(tmp_path: Path) -> None:
     )
     assert run.returncode == 0, run.stdout + run.stderr
     rows = [line.split() for line in log.read_text().splitlines()]
-    grouped = {worker for name, worker in rows if name.startswith("grouped")}
-    free = {worker for name, worker in rows if name.startswith("free")}
     assert len(rows) == 8
-    assert len(grouped) == 1, rows
-    assert len(free) == 2, rows  # the mark, not a lack of workers, kept the group together
+    # What loadgroup schedules by: the group's name appended to each grouped test's node id. Which
+    # worker runs a free test depends on timing; where the grouped ones ran does not.
+    passed = [line for line in run.stdout.splitlines() if "PASSED test_grouped.py::" in line]
+    assert len(passed) == 4 and all(line.rstrip().endswith("@grouped") for line in passed), run.stdout
+    assert len({worker for name, worker in rows if name.startswith("grouped")}) == 1, rows
