@@ -123,7 +123,9 @@ def test_which_pods_and_containers_are_reported(node: FakeProc) -> None:
         pod("vanished", 9, {"a": {"gpu": "amd.com/gpu", "id": cid(9)}}),
     ]
     got = scan_node(pods, node.root, POLICY, IS_GPU, now=0)
-    outcome = {k.pod + "/" + k.container: v if isinstance(v, Unseen) else "seen" for k, v in got.containers.items()}
+    outcome = {
+        k.pod + "/" + k.container: v if isinstance(v, Unseen) else "seen" for k, v in got.containers.items()
+    }
     assert outcome == {
         "mig/a": "seen",
         "flavor/a": "seen",
@@ -142,8 +144,12 @@ def test_a_shared_pid_namespace_is_listed_whole_in_each_gpu_container(node: Fake
     node.add(402, ppid=401, nspid=(402, 8), cgroup=cg(1, cid(1)), argv=["sleep", "infinity"])
     node.add(403, ppid=10, nspid=(403, 12), cgroup=cg(1, cid(2)), argv=["sleep", "infinity"])
     pods = [
-        pod("shared", 1, {"trainer": {"gpu": "nvidia.com/gpu", "id": cid(1)}, "eval": {"id": cid(2)}},
-            shared=True),  # fmt: skip
+        pod(
+            "shared",
+            1,
+            {"trainer": {"gpu": "nvidia.com/gpu", "id": cid(1)}, "eval": {"id": cid(2)}},
+            shared=True,
+        ),
     ]
     got = scan_node(pods, node.root, POLICY, IS_GPU, now=0)
     seen = got.containers[key("shared", 1, "trainer")]
@@ -219,7 +225,7 @@ def test_the_series_of_a_scan() -> None:
     assert per_container == {
         **{
             ("ghostgpu_agent_container_processes", labels(**base, role=role)): n
-            for role, n in {"work": 2, "wrapper": 0, "holder": 0, "timer": 0, "session": 1, "defunct": 0}.items()
+            for role, n in dict(work=2, wrapper=0, holder=0, timer=0, session=1, defunct=0).items()
         },
         ("ghostgpu_agent_container_program", labels(**base, program="bash")): 1,
         ("ghostgpu_agent_container_program", labels(**base, program="python3")): 1,
