@@ -143,5 +143,29 @@ def test_the_real_devcluster_nodes_lines() -> None:
         assert container_of(lines) == want
 
 
-# Filled from a real run: see the module docstring of tests/e2e/test_real_node.py.
-REAL_NODE_LINES: list[tuple[list[str], ContainerRef | None]] = []
+# Printed by tests/e2e/test_real_node.py (test_agent_rows_equal_ps_in_every_real_container): a
+# BestEffort pod's container on the real node, every v1 hierarchy and the unified line naming it.
+_REAL_UID = "554d0bd5-d5a2-4404-af95-4afa0f77b62a"
+_REAL_ID = "ab3b4b4bc654a50beb74649e30d2a928483a6bf8306983984630d36c9d9278cc"
+_REAL_PATH = f"/ghostgpu-a9e8f52c8a4c/kubepods/besteffort/pod{_REAL_UID}/{_REAL_ID}"
+_REAL_V1 = [
+    "9:name=systemd",
+    "8:pids",
+    "7:blkio",
+    "6:freezer",
+    "5:devices",
+    "4:memory",
+    "3:cpuset",
+    "2:cpuacct",
+    "1:cpu",
+    "0:",
+]
+REAL_NODE_LINES: list[tuple[list[str], ContainerRef | None]] = [
+    (
+        [f"{h}:{_REAL_PATH}\n" for h in _REAL_V1],
+        ContainerRef(_REAL_UID, _REAL_ID),
+    ),
+    # The node's pod cgroup itself, and the cgroupRoot: no container.
+    ([f"{h}:{_REAL_PATH.rsplit('/', 1)[0]}\n" for h in _REAL_V1], None),
+    ([f"{h}:/ghostgpu-a9e8f52c8a4c\n" for h in _REAL_V1], None),
+]
