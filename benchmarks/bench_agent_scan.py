@@ -108,6 +108,7 @@ import json, resource, sys, time
 from pathlib import Path
 from prometheus_client import generate_latest
 import ghostgpu.agent.command  # everything `ghostgpu agent` imports (kr8s, the controller's server)
+import ghostgpu.controller.app  # its config loader (load_any_config)
 from ghostgpu.agent.exporter import AgentExporter
 from ghostgpu.agent.scan import ScanResult, scan_node
 from ghostgpu.config import ControllerConfig
