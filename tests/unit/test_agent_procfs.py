@@ -286,6 +286,15 @@ def test_rows_equal_what_ps_prints_in_a_real_pid_namespace(
         ns.wait()
 
 
+def _nspid(pid: int) -> list[int]:
+    try:
+        text = Path(f"/proc/{pid}/status").read_text()
+    except OSError:  # exited since cgroup.procs was read
+        return [0]
+    line = next(ln for ln in text.splitlines() if ln.startswith("NSpid:"))
+    return [int(x) for x in line.split()[1:]]
+
+
 def _wait_for_rows(leaf: Path, n: int) -> int:
     """The namespace's pid 1 (host pid) once n processes (threads apart) are in the cgroup."""
     deadline = time.monotonic() + 20
@@ -293,7 +302,7 @@ def _wait_for_rows(leaf: Path, n: int) -> int:
         pids = [int(p) for p in (leaf / "cgroup.procs").read_text().split()]
         if len(pids) >= n:
             time.sleep(0.3)  # the exec'd ones have exec'd
-            return min(pids, key=lambda p: len(Path(f"/proc/{p}/status").read_text().split("NSpid:")[1]))
+            return next(p for p in pids if _nspid(p)[-1] == 1)
         time.sleep(0.05)
     raise AssertionError(f"only {(leaf / 'cgroup.procs').read_text().split()} in {leaf}")
 
