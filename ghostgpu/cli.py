@@ -339,6 +339,36 @@ def doctor(
         raise typer.Exit(code)
 
 
+# --- agent ---
+
+_AGENT_CONFIG = typer.Option(None, "--config", "-c", help="ghostgpu.yaml (the controller's ConfigMap).")
+_AGENT_NODE = typer.Option(
+    ..., "--node-name", envvar="NODE_NAME", help="This node (downward API spec.nodeName)."
+)
+_AGENT_PROC = typer.Option(Path("/proc"), "--proc", help="The host's proc root (hostPID: /proc).")
+_AGENT_LISTEN = typer.Option("0.0.0.0:9402", "--listen", help="HOST:PORT of /metrics, /healthz, /readyz.")
+_AGENT_INTERVAL = typer.Option(15.0, "--interval", help="Seconds between scans.")
+_AGENT_KUBECONFIG = typer.Option(None, "--kubeconfig", help="Kubeconfig file (default: in-cluster).")
+
+
+@app.command()
+def agent(
+    config: Path | None = _AGENT_CONFIG,
+    node_name: str = _AGENT_NODE,
+    proc: Path = _AGENT_PROC,
+    listen: str = _AGENT_LISTEN,
+    interval: float = _AGENT_INTERVAL,
+    kubeconfig: str | None = _AGENT_KUBECONFIG,
+) -> None:
+    """Run the node agent: the processes of this node's GPU containers, read from the host's proc
+    root and classified with controller.processes, exported as Prometheus series (no exec)."""
+    from ghostgpu.agent.command import run_agent_command
+
+    code = run_agent_command(config, node_name, proc, listen, interval, kubeconfig, echo=typer.echo)
+    if code:
+        raise typer.Exit(code)
+
+
 # --- devcluster ---
 from ghostgpu.devcluster.cli import app as _devcluster_app  # noqa: E402 (typer + stdlib at import)
 

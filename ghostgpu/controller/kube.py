@@ -119,12 +119,14 @@ class Reflector:
         rtype: ResourceType,
         *,
         label_selector: str | None = None,
+        field_selector: str | None = None,
         transform: Callable[[dict[str, Any]], Any] | None = None,
         on_change: Callable[[], None] | None = None,
     ) -> None:
         self.api = api
         self.rtype = rtype
         self.label_selector = label_selector
+        self.field_selector = field_selector  # e.g. spec.nodeName=<node>: the node agent's own pods
         self.transform = transform or (lambda o: o)
         self.on_change = on_change
         self.store: dict[tuple[str, str], Any] = {}
@@ -135,10 +137,16 @@ class Reflector:
         meta = obj.get("metadata") or {}
         return (meta.get("namespace", ""), meta.get("name", ""))
 
-    async def _list(self) -> None:
-        params: dict[str, Any] = {"limit": 500}
+    def _selectors(self) -> dict[str, str]:
+        out = {}
         if self.label_selector:
-            params["labelSelector"] = self.label_selector
+            out["labelSelector"] = self.label_selector
+        if self.field_selector:
+            out["fieldSelector"] = self.field_selector
+        return out
+
+    async def _list(self) -> None:
+        params: dict[str, Any] = {"limit": 500, **self._selectors()}
         items: dict[tuple[str, str], Any] = {}
         while True:
             async with self.api.call_api(
@@ -169,9 +177,8 @@ class Reflector:
             # do not all end (and resume) at once, and resume half as often as at a fixed 4 min.
             "timeoutSeconds": random.randint(300, 600),
             "resourceVersion": self.resource_version,
+            **self._selectors(),
         }
-        if self.label_selector:
-            params["labelSelector"] = self.label_selector
         async with self.api.call_api(
             "GET", version=self.rtype.version, url=self.rtype.plural, params=params, stream=True, timeout=None
         ) as resp:

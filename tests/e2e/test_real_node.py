@@ -31,6 +31,7 @@ from kubernetes import client
 from kubernetes.stream import stream
 from test_controller import REPO, Controller, controller_config, opt_in, wait_for
 
+from ghostgpu import __version__
 from ghostgpu.config import ControllerConfig
 from ghostgpu.controller.observe.evidence import policy_from_config
 from ghostgpu.devcluster import DevCluster, FakeDcgmClient, realnode
@@ -374,6 +375,191 @@ def test_real_pods_list_as_their_corpus_shapes(fleet: Fleet, devcluster: DevClus
     st = fleet.status_of(crash, "trainer")
     assert st.restart_count >= 1
     assert (st.last_state.terminated.reason, st.last_state.terminated.exit_code) == ("Error", 1)
+
+
+# The procps listing the agent's rows are compared with: the container's own /usr/bin/ps (also in
+# the BusyBox shapes, whose PATH puts BusyBox's first), -ww as without a terminal ps cuts at 80.
+PS_WIDE = ("/usr/bin/ps", "-ww", "-eo", "pid,ppid,stat,etimes,args")
+
+
+async def ps_wide(kubeconfig: Path, refs: list[PodRef]) -> dict[PodRef, ExecResult | Exception]:
+    api = await kr8s.asyncio.api(kubeconfig=str(kubeconfig))
+    ex = KubeExec(api)
+
+    async def one(ref: PodRef) -> ExecResult | Exception:
+        try:
+            return await ex.run(ref, PS_WIDE, timeout=20)
+        except Exception as exc:  # distroless: no ps at all
+            return exc
+
+    return dict(zip(refs, await asyncio.gather(*(one(r) for r in refs)), strict=True))
+
+
+def node_pods(fleet: Fleet) -> list[dict[str, Any]]:
+    """The node's pods as the agent's watch gets them (the API's JSON, camelCase)."""
+    node = fleet.cluster.state.real_node
+    items = fleet.core.list_pod_for_all_namespaces(field_selector=f"spec.nodeName={node}").items
+    return [fleet.core.api_client.sanitize_for_serialization(p) for p in items]
+
+
+def columns(rows: Any) -> list[tuple[int, int | None, str, str]]:
+    return [(r.pid, r.ppid, r.state, r.command) for r in rows]
+
+
+def test_agent_rows_equal_ps_in_every_real_container(fleet: Fleet, devcluster: DevCluster) -> None:
+    """The node agent's scan of the host's /proc gives, for every real container of every shape,
+    the rows the container's own procps `ps` prints (minus the probe; etimes within 2 s); the
+    distroless container, which has no ps, gets rows too; a held-open `kubectl exec` is a session."""
+    from ghostgpu.agent.scan import ContainerKey, Seen, scan_node
+    from ghostgpu.controller.inventory import gpu_predicate
+
+    time.sleep(2)  # the held-open sessions' bash is up
+    log = Path(devcluster.state.state_dir) / "logs" / "real-shapes.jsonl"
+    uids = {p["metadata"]["name"]: p["metadata"]["uid"] for p in node_pods(fleet)}
+    # The real node's own cgroup lines, for the record (its cgroupRoot, its driver, this host's v1/v2).
+    first = next(p for p in node_pods(fleet) if p["metadata"]["name"] == fleet.pods[SHAPES[0].name])
+    cid = first["status"]["containerStatuses"][0]["containerID"].split("://", 1)[1]
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        with contextlib.suppress(OSError):
+            text = Path(f"/proc/{pid}/cgroup").read_text()
+            if cid in text:
+                print(f"[real node cgroup] uid {first['metadata']['uid']} id {cid}: {text!r}")
+                break
+    pending = {(s.corpus, c): s for s in SHAPES for c in s.containers}
+    mismatched: dict[tuple[str, str], Any] = {}
+    seen_rows: dict[tuple[str, str], Any] = {}
+    for _attempt in range(5):
+        refs = {k: PodRef(fleet.ns, fleet.pods[s.name], k[1]) for k, s in pending.items()}
+        printed = asyncio.run(ps_wide(devcluster.kubeconfig, list(refs.values())))
+        # After every ps has exited: the probes are gone from /proc when the agent reads it.
+        scan = scan_node(node_pods(fleet), Path("/proc"), POLICY.processes, gpu_predicate(), now=time.time())
+        mismatched = {}
+        with log.open("a") as out:
+            for k, ref in refs.items():
+                outcome = scan.containers.get(ContainerKey(fleet.ns, ref.name, uids[ref.name], ref.container))
+                assert isinstance(outcome, Seen), f"{k}: the agent did not see it: {outcome}"
+                seen_rows[k] = outcome
+                res = printed[ref]
+                ours = columns(outcome.rows)
+                if isinstance(res, ExecResult) and res.returncode == 0:
+                    theirs = parse_ps(res.stdout, scope=f"{ref.name}/{ref.container}")
+                    equal = ours == columns(theirs) and all(
+                        abs((a.elapsed_s or 0) - (b.elapsed_s or 0)) <= 2
+                        for a, b in zip(outcome.rows, theirs, strict=True)
+                    )
+                    ps_text = res.stdout
+                else:
+                    ps_text = f"no ps: {res}"
+                    equal = pending[k].containers[k[1]].image == "distroless"  # no ps: checked below
+                print(f"--- agent {k}: equal={equal}\n{ps_text}\n" + "\n".join(map(str, ours)))
+                out.write(
+                    json.dumps(
+                        {
+                            "shape": k[0],
+                            "container": k[1],
+                            "source": "agent",
+                            "ps": ps_text,
+                            "agent": [list(r) for r in ours],
+                            "counts": outcome.counts.model_dump(mode="json"),
+                            "equal": equal,
+                        }
+                    )
+                )
+                out.write("\n")
+                if not equal:
+                    mismatched[k] = (ps_text, ours)
+        pending = {k: pending[k] for k in mismatched}
+        if not pending:
+            break
+        time.sleep(1)
+    assert mismatched == {}
+    distroless = next(s for s in SHAPES if any(b.image == "distroless" for b in s.containers.values()))
+    rows = seen_rows[(distroless.corpus, next(iter(distroless.containers)))].rows
+    assert [(r.pid, r.ppid) for r in rows] == [(1, 0)] and "python3" in rows[0].command
+    for s in SHAPES:
+        if s.session:
+            counts = seen_rows[(s.corpus, next(iter(s.containers)))].counts
+            assert counts.session >= 1 and "bash" in counts.programs, (s.corpus, counts)
+            rows = seen_rows[(s.corpus, next(iter(s.containers)))].rows
+            bash = [r for r in rows if r.command == "/bin/bash"]
+            assert bash and bash[0].ppid == 0, bash  # exec'd: its parent is outside the container
+            assert ("+" in bash[0].state) == (s.session == "tty"), bash
+
+
+def scrape(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(url, timeout=5) as r:
+        text = r.read().decode()
+    return {
+        (x.name, tuple(sorted(x.labels.items()))): x.value
+        for fam in text_string_to_metric_families(text)
+        for x in fam.samples
+    }
+
+
+def test_the_agent_command_exports_every_real_containers_roles(fleet: Fleet, devcluster: DevCluster) -> None:
+    """`ghostgpu agent` as the DaemonSet runs it (its own process, the pods watched by node name)
+    exports for every shape's GPU containers the role counts whose roles are the corpus shape's;
+    the distroless one too (exec cannot list it), the held-open exec sessions as sessions."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    node = devcluster.state.real_node
+    assert node
+    agent = subprocess.Popen(
+        [sys.executable, "-m", "ghostgpu.cli", "agent", "--kubeconfig", str(devcluster.kubeconfig),
+         "--node-name", node, "--proc", "/proc", "--listen", f"127.0.0.1:{port}", "--interval", "1"],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    log = Path(devcluster.state.state_dir) / "logs" / "real-shapes.jsonl"
+    want = {s.corpus: corpus_roles(s.corpus) for s in SHAPES}
+    want = {c: ({"work"} if r == "no-listing" else r) for c, r in want.items()}  # distroless: python3
+    got: dict[str, Any] = {}
+    try:
+
+        def roles_match() -> bool:
+            try:
+                series = scrape(f"http://127.0.0.1:{port}/metrics")
+            except OSError:  # not listening yet (its imports, its first list of the node's pods)
+                assert agent.poll() is None, "the agent exited"
+                return False
+            for s in SHAPES:
+                if got.get(s.corpus) == want[s.corpus]:
+                    continue
+                roles: set[str] = set()
+                for c in s.containers:
+                    base = {"namespace": fleet.ns, "pod": fleet.pods[s.name], "container": c}
+                    for (name, labels), value in series.items():
+                        lab = dict(labels)
+                        ours = all(lab.get(k) == v for k, v in base.items())
+                        if name == "ghostgpu_agent_container_processes" and value > 0 and ours:
+                            roles.add(lab["role"])
+                got[s.corpus] = roles
+            return got == want
+
+        try:
+            wait_for(roles_match, 60, "the agent's series")
+        finally:
+            with log.open("a") as out:
+                for corpus, roles in sorted(got.items()):
+                    line = {"shape": corpus, "source": "agent-series", "roles": sorted(roles)}
+                    out.write(json.dumps({**line, "want": sorted(want[corpus])}) + "\n")
+        series = scrape(f"http://127.0.0.1:{port}/metrics")
+        assert series[("ghostgpu_agent_info", (("node", node), ("version", __version__)))] == 1
+        assert series[("ghostgpu_agent_tracked_containers", ())] >= sum(len(s.containers) for s in SHAPES)
+        unseen = [
+            k for k in series if k[0] == "ghostgpu_agent_container_unseen" and ("namespace", fleet.ns) in k[1]
+        ]
+        assert unseen == []
+    finally:
+        agent.terminate()
+        out_text = agent.communicate(timeout=20)[0]
+        print(out_text[-3000:])
 
 
 def real_config(tmp: Path, prometheus_url: str, mode: str) -> Path:

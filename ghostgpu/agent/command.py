@@ -1,0 +1,159 @@
+"""`ghostgpu agent`: the node agent's loop. Watches its node's pods (field selector
+spec.nodeName), scans the proc root every interval, serves the series on /metrics (with /healthz
+and /readyz) from the event loop. No state on disk: a restart lists the pods and scans again."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ghostgpu import __version__
+from ghostgpu.agent import procfs
+from ghostgpu.agent.exporter import AgentExporter
+from ghostgpu.agent.scan import ScanResult, scan_node
+from ghostgpu.controller.inventory import gpu_predicate
+from ghostgpu.controller.kube import PODS, Reflector
+from ghostgpu.controller.server import HealthServer
+from ghostgpu.verdict import ProcessPolicy
+
+log = logging.getLogger("ghostgpu.agent")
+AGENT_USER_AGENT = f"ghostgpu-agent/{__version__}"
+
+
+class AgentArgError(ValueError):
+    """A command-line value the agent cannot start with (the message names the flag)."""
+
+
+@dataclass(frozen=True, slots=True)
+class AgentSettings:
+    node: str
+    proc: Path
+    host: str
+    port: int
+    interval_s: float
+
+
+def parse_listen(value: str) -> tuple[str, int]:
+    host, sep, port = value.rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise AgentArgError(f"--listen {value!r}: expected HOST:PORT, e.g. 0.0.0.0:9402")
+    return host.strip("[]") or "0.0.0.0", int(port)
+
+
+def settings(node: str, proc: Path, listen: str, interval: float) -> AgentSettings:
+    if not node:
+        raise AgentArgError("--node-name is empty: set it from the downward API (spec.nodeName)")
+    if not interval > 0:
+        raise AgentArgError(f"--interval {interval}: expected seconds > 0")
+    try:
+        procfs.pids(proc)
+        procfs.uptime_s(proc)
+    except (OSError, ValueError, IndexError) as exc:
+        raise AgentArgError(f"--proc {proc}: not a readable proc root ({exc})") from None
+    host, port = parse_listen(listen)
+    return AgentSettings(node, proc, host, port, interval)
+
+
+class Agent:
+    def __init__(self, api: Any, s: AgentSettings, policy: ProcessPolicy, gpu_resources: list[str]) -> None:
+        self.s = s
+        self.policy = policy
+        self.is_gpu = gpu_predicate(gpu_resources)
+        self.exporter = AgentExporter(s.node)
+        self.pods = Reflector(api, PODS, field_selector=f"spec.nodeName={s.node}")
+        self.server = HealthServer(
+            self.exporter.registry, healthy=lambda: (True, "ok"), ready=self._ready, host=s.host, port=s.port
+        )
+        self.scans = 0
+
+    def _ready(self) -> tuple[bool, str]:
+        last = self.exporter.last
+        if last is None:
+            return False, "no scan yet"
+        age = time.time() - last.timestamp
+        if age > 3 * self.s.interval_s:
+            return False, f"last scan {age:.0f}s ago"
+        return True, "ok"
+
+    def scan_once(self) -> ScanResult:
+        now = time.time()
+        t0 = time.perf_counter()
+        result = scan_node(list(self.pods.store.values()), self.s.proc, self.policy, self.is_gpu, now=now)
+        result = ScanResult(
+            result.timestamp, result.containers, result.scanned_pids, time.perf_counter() - t0
+        )
+        self.exporter.publish(result)
+        self.scans += 1
+        return result
+
+    async def run(self, *, max_scans: int | None = None) -> None:
+        port = await self.server.start()
+        log.info("agent serving", extra={"node": self.s.node, "port": port, "proc": str(self.s.proc)})
+        watch = asyncio.create_task(self.pods.run())
+        try:
+            await self.pods.synced.wait()
+            while max_scans is None or self.scans < max_scans:
+                started = time.monotonic()
+                # Off the loop: the watch and /metrics keep being served while /proc is read.
+                result = await asyncio.to_thread(self.scan_once)
+                log.info(
+                    "scan",
+                    extra={
+                        "containers": len(result.containers),
+                        "pids": result.scanned_pids,
+                        "seconds": round(result.duration_s, 4),
+                    },
+                )
+                await asyncio.sleep(max(0.0, self.s.interval_s - (time.monotonic() - started)))
+        finally:
+            watch.cancel()
+            await asyncio.gather(watch, return_exceptions=True)
+            await self.server.stop()
+
+
+async def kube_api(kubeconfig: str | None) -> Any:
+    from ghostgpu.boundary import kube_api as boundary_api
+    from ghostgpu.controller.app import _identify
+
+    api = await boundary_api(kubeconfig)
+    _identify(api, AGENT_USER_AGENT)
+    return api
+
+
+def run_agent_command(
+    config: Path | None,
+    node: str,
+    proc: Path,
+    listen: str,
+    interval: float,
+    kubeconfig: str | None,
+    *,
+    echo: Any = print,
+) -> int:
+    """The `ghostgpu agent` command: 2 with one clear line for a config or flag it cannot use."""
+    from ghostgpu.config_errors import ConfigError
+    from ghostgpu.controller import jsonlog
+    from ghostgpu.controller.app import load_any_config
+
+    try:
+        loaded = load_any_config(config)
+        s = settings(node, proc, listen, interval)
+    except ConfigError as exc:
+        echo(str(exc), err=True)
+        return 2
+    except AgentArgError as exc:
+        echo(f"error: {exc}", err=True)
+        return 2
+    jsonlog.setup("INFO")
+
+    async def main() -> None:
+        api = await kube_api(kubeconfig)
+        known = [f.resource for f in loaded.flavors or []]
+        await Agent(api, s, loaded.controller.processes.policy(), known).run()
+
+    asyncio.run(main())
+    return 0

@@ -1,0 +1,117 @@
+"""The agent's Prometheus series (AGENT_CONTRACT.md: the controller parses exactly these).
+
+Per container the agent saw (labels namespace, pod, uid, container):
+- `ghostgpu_agent_container_processes{role}`: every role, 0 included (6 series);
+- `ghostgpu_agent_container_program{program}` = 1: the programs that keep it alive, sorted, the
+  first 4, each cut at 64 characters;
+- `ghostgpu_agent_container_scan_timestamp_seconds`: the unix time of the scan.
+Per container it should see and cannot: `ghostgpu_agent_container_unseen{reason}` = 1 and the
+scan timestamp (how fresh that is), no processes series.
+The agent's own: `ghostgpu_agent_scan_duration_seconds` (histogram), `ghostgpu_agent_scanned_pids`,
+`ghostgpu_agent_tracked_containers`, `ghostgpu_agent_info{node,version}` = 1.
+
+The per-container series come from the last scan only (a collector, not gauges): a container
+gone from the node is gone from /metrics at the next scan, with no label bookkeeping.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from prometheus_client import CollectorRegistry, Histogram
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from ghostgpu import __version__
+from ghostgpu.agent.scan import ScanResult, Seen, Unseen
+from ghostgpu.verdict import ProcessRole
+
+CONTAINER_LABELS = ("namespace", "pod", "uid", "container")
+ROLES = tuple(r.value for r in ProcessRole)
+MAX_PROGRAMS = 4
+MAX_PROGRAM_CHARS = 64
+# From a few ms (a quiet node) to seconds (10k processes on a busy one).
+SCAN_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+
+class _LastScan(Collector):
+    def __init__(self, node: str) -> None:
+        self.node = node
+        self.result: ScanResult | None = None
+
+    def collect(self) -> Iterator[Metric]:
+        info = GaugeMetricFamily(
+            "ghostgpu_agent_info", "The node agent: its node and version.", labels=["node", "version"]
+        )
+        info.add_metric([self.node, __version__], 1)
+        yield info
+        processes = GaugeMetricFamily(
+            "ghostgpu_agent_container_processes",
+            "Processes of a GPU container by role (the verdict's ProcessPolicy), from the last scan.",
+            labels=[*CONTAINER_LABELS, "role"],
+        )
+        programs = GaugeMetricFamily(
+            "ghostgpu_agent_container_program",
+            "Programs that keep a GPU container alive (work, timer, session roles): first 4, sorted.",
+            labels=[*CONTAINER_LABELS, "program"],
+        )
+        stamp = GaugeMetricFamily(
+            "ghostgpu_agent_container_scan_timestamp_seconds",
+            "Unix time of the scan a container's series come from.",
+            labels=list(CONTAINER_LABELS),
+        )
+        unseen = GaugeMetricFamily(
+            "ghostgpu_agent_container_unseen",
+            "A GPU container the agent should see and cannot, by reason (no processes series then).",
+            labels=[*CONTAINER_LABELS, "reason"],
+        )
+        scanned = GaugeMetricFamily("ghostgpu_agent_scanned_pids", "Host pids the last scan looked at.")
+        tracked = GaugeMetricFamily(
+            "ghostgpu_agent_tracked_containers", "GPU containers of this node the last scan reported on."
+        )
+        r = self.result
+        if r is not None:
+            for key in sorted(r.containers):
+                labels = list(key)
+                outcome = r.containers[key]
+                stamp.add_metric(labels, r.timestamp)
+                if isinstance(outcome, Unseen):
+                    unseen.add_metric([*labels, outcome.value], 1)
+                    continue
+                assert isinstance(outcome, Seen)
+                counts = outcome.counts
+                for role in ROLES:
+                    processes.add_metric([*labels, role], getattr(counts, role))
+                for program in exported_programs(counts.programs):
+                    programs.add_metric([*labels, program], 1)
+            scanned.add_metric([], r.scanned_pids)
+            tracked.add_metric([], len(r.containers))
+        yield from (processes, programs, stamp, unseen, scanned, tracked)
+
+
+def exported_programs(programs: tuple[str, ...]) -> list[str]:
+    """Sorted, the first MAX_PROGRAMS, each cut at MAX_PROGRAM_CHARS (deduplicated after the cut)."""
+    return sorted({p[:MAX_PROGRAM_CHARS] for p in sorted(programs)[:MAX_PROGRAMS]})
+
+
+class AgentExporter:
+    """The agent's registry: publish() replaces what the last scan exported."""
+
+    def __init__(self, node: str, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        self._last = _LastScan(node)
+        self.registry.register(self._last)
+        self.scan_duration = Histogram(
+            "ghostgpu_agent_scan_duration_seconds",
+            "Wall time of one scan of the node's proc root.",
+            buckets=SCAN_BUCKETS,
+            registry=self.registry,
+        )
+
+    def publish(self, result: ScanResult) -> None:
+        self.scan_duration.observe(result.duration_s)
+        self._last.result = result
+
+    @property
+    def last(self) -> ScanResult | None:
+        return self._last.result

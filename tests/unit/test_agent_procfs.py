@@ -1,0 +1,319 @@
+"""A container's processes read from a proc root, as its own `ps -eo pid,ppid,stat,etimes,args`
+lists them: on a fake proc tree (every column's rule), and on this machine's real /proc against
+the real `ps` run inside a real pid namespace whose processes sit in a kubepods-like cgroup."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from ghostgpu.agent import procfs
+from ghostgpu.agent.cgroups import ContainerRef
+from ghostgpu.signals.processes import MAX_ARGS, parse_ps
+
+UID = "5f0c6a1e-8f3b-4b7e-9d2a-0c1e2f3a4b5c"
+CID = "c" * 64
+OTHER = "d" * 64
+HZ = os.sysconf("SC_CLK_TCK")
+
+
+class FakeProc:
+    """A proc root of files as the kernel writes them."""
+
+    def __init__(self, root: Path, uptime: float = 1000.0) -> None:
+        self.root = root
+        root.mkdir(exist_ok=True)
+        (root / "uptime").write_text(f"{uptime:.2f} 1234.00\n")
+        (root / "self").mkdir(exist_ok=True)  # not a pid: ignored
+
+    def add(
+        self,
+        pid: int,
+        *,
+        ppid: int,
+        nspid: tuple[int, ...],
+        cgroup: str = f"0::/kubepods/besteffort/pod{UID}/{CID}",
+        argv: list[str] | None = None,
+        comm: str = "sleep",
+        state: str = "S",
+        pgrp: int | None = None,
+        session: int = 0,
+        tpgid: int = -1,
+        nice: int = 0,
+        threads: int = 1,
+        start_s: float = 900.0,
+        locked_kb: int | None = 0,
+    ) -> None:
+        d = self.root / str(pid)
+        d.mkdir()
+        fields = [
+            state, ppid, pgrp if pgrp is not None else pid, session, 0, tpgid, 4194560,
+            0, 0, 0, 0, 0, 0, 0, 0, 20, nice, threads, 0, int(start_s * HZ), 0,
+        ]  # fmt: skip
+        (d / "stat").write_text(f"{pid} ({comm}) " + " ".join(str(f) for f in fields) + "\n")
+        status = f"Name:\t{comm}\nState:\t{state}\nNSpid:\t" + "\t".join(map(str, nspid)) + "\n"
+        if locked_kb is not None:
+            status += f"VmLck:\t{locked_kb:8d} kB\n"
+        (d / "status").write_text(status)
+        (d / "cgroup").write_text(cgroup + "\n")
+        (d / "cmdline").write_bytes(b"".join(a.encode() + b"\0" for a in (argv or [])))
+
+
+@pytest.fixture
+def fake(tmp_path: Path) -> FakeProc:
+    return FakeProc(tmp_path / "proc")
+
+
+def listing(fake: FakeProc, container: str = CID) -> list[tuple[int, int, str, int | None, str]]:
+    got = procfs.scan(fake.root)
+    group = [p for p in got.processes.values() if p.container.container_id == container]
+    return [(r.pid, r.ppid, r.state, r.elapsed_s, r.command) for r in procfs.rows(group, "pod/c")]
+
+
+def test_pids_and_parents_are_the_containers_own(fake: FakeProc) -> None:
+    # The shim (outside the container) starts pid 1; an exec'd process's parent is outside too.
+    fake.add(500, ppid=1, nspid=(500,), cgroup="0::/system.slice/containerd.service", comm="shim")
+    fake.add(501, ppid=500, nspid=(501, 1), argv=["/bin/sh", "-c", "train; sleep infinity"], comm="sh")
+    fake.add(502, ppid=501, nspid=(502, 7), argv=["sleep", "infinity"], start_s=950.5)
+    fake.add(600, ppid=500, nspid=(600, 12), argv=["bash"], comm="bash")  # kubectl exec
+    fake.add(601, ppid=600, nspid=(601, 13), argv=["top"], comm="top", state="R")
+    assert listing(fake) == [
+        (1, 0, "S", 100, "/bin/sh -c train; sleep infinity"),
+        (7, 1, "S", 49, "sleep infinity"),  # int(1000 - 950.5)
+        (12, 0, "S", 100, "bash"),
+        (13, 12, "R", 100, "top"),
+    ]
+
+
+def test_stat_is_built_in_procps_order(fake: FakeProc) -> None:
+    fake.add(501, ppid=9, nspid=(501, 1), argv=["init"], session=501, threads=4, nice=-5, locked_kb=8)
+    fake.add(502, ppid=501, nspid=(502, 2), argv=["nice"], nice=10)
+    fake.add(503, ppid=501, nspid=(503, 3), argv=["vim"], pgrp=503, tpgid=503, session=501, state="T")
+    fake.add(504, ppid=501, nspid=(504, 4), argv=["bash"], session=504, pgrp=504, tpgid=503)
+    fake.add(505, ppid=501, nspid=(505, 5), argv=["w"], state="D", locked_kb=None)  # no VmLck line
+    assert [(pid, stat) for pid, _, stat, _, _ in listing(fake)] == [
+        (1, "S<Lsl"),
+        (2, "SN"),
+        (3, "T+"),
+        (4, "Ss"),
+        (5, "D"),
+    ]
+
+
+def test_args_as_ps_prints_them(fake: FakeProc) -> None:
+    fake.add(501, ppid=9, nspid=(501, 1), argv=[], comm="kworker")  # empty cmdline: [comm]
+    fake.add(502, ppid=501, nspid=(502, 2), argv=[], comm="python3", state="Z")
+    fake.add(503, ppid=501, nspid=(503, 3), argv=["x" * 600])
+    fake.add(504, ppid=501, nspid=(504, 4), argv=["sh", "-c", "a\nb\tc\x7fd\x85e\u00e9"])
+    # A program that rewrote its argv in place: one string, spaces in it, trailing NULs.
+    fake.add(505, ppid=501, nspid=(505, 5), comm="nginx")
+    (fake.root / "505" / "cmdline").write_bytes(b"nginx: master process\0\0\0")
+    fake.add(506, ppid=501, nspid=(506, 6), argv=["My (odd) prog"], comm="a) b (c")
+    got = {pid: args for pid, _, _, _, args in listing(fake)}
+    assert got[1] == "[kworker]"
+    assert got[2] == "[python3] <defunct>"
+    assert got[3] == "x" * MAX_ARGS
+    assert got[4] == "sh -c a b?c?d?e\u00e9"  # as procps 4 prints them in a UTF-8 locale
+    assert got[5] == "nginx: master process"
+    assert got[6] == "My (odd) prog"
+
+
+def test_a_shared_pid_namespace_lists_the_sandbox_and_every_container(fake: FakeProc) -> None:
+    sandbox = "e" * 64
+    pod = f"0::/kubepods/pod{UID}"
+    fake.add(700, ppid=1, nspid=(700,), cgroup="0::/system.slice/containerd.service", comm="shim")
+    fake.add(701, ppid=700, nspid=(701, 1), cgroup=f"{pod}/{sandbox}", argv=["/pause"], comm="pause")
+    fake.add(702, ppid=700, nspid=(702, 7), cgroup=f"{pod}/{CID}", argv=["sleep", "infinity"])
+    fake.add(703, ppid=700, nspid=(703, 9), cgroup=f"{pod}/{OTHER}", argv=["sh"], comm="sh")
+    fake.add(704, ppid=703, nspid=(704, 10), cgroup=f"{pod}/{OTHER}", argv=["sleep", "5"])
+    got = procfs.scan(fake.root)
+    group = [p for p in got.processes.values() if p.container.pod_uid == UID]
+    assert [(r.pid, r.ppid, r.command) for r in procfs.rows(group, "p/c")] == [
+        (1, 0, "/pause"),
+        (7, 0, "sleep infinity"),
+        (9, 0, "sh"),
+        (10, 9, "sleep 5"),
+    ]
+
+
+def test_a_pid_namespace_nested_in_the_container_is_listed_at_the_containers_depth(
+    fake: FakeProc,
+) -> None:
+    fake.add(501, ppid=9, nspid=(501, 1), argv=["sh"], comm="sh")
+    fake.add(502, ppid=501, nspid=(502, 2), argv=["unshare", "-p", "-f", "sleep", "9"])
+    fake.add(503, ppid=502, nspid=(503, 3, 1), argv=["sleep", "9"])
+    assert [(p, pp) for p, pp, *_ in listing(fake)] == [(1, 0), (2, 1), (3, 2)]
+
+
+def test_only_the_containers_asked_for_are_read(fake: FakeProc) -> None:
+    fake.add(501, ppid=9, nspid=(501, 1), argv=["a"])
+    fake.add(502, ppid=9, nspid=(502, 1), argv=["b"], cgroup=f"0::/kubepods/pod{UID}/{OTHER}")
+    fake.add(503, ppid=9, nspid=(503,), argv=["c"], cgroup="0::/user.slice")
+    got = procfs.scan(fake.root, lambda ref: ref.container_id == OTHER)
+    assert sorted(got.processes) == [502]
+    assert got.processes[502].container == ContainerRef(UID, OTHER)
+    assert (got.scanned, got.unreadable) == (3, 0)
+
+
+def test_a_process_that_vanishes_mid_read_is_skipped(fake: FakeProc) -> None:
+    fake.add(501, ppid=9, nspid=(501, 1), argv=["a"])
+    fake.add(502, ppid=501, nspid=(502, 2), argv=["b"])
+    fake.add(503, ppid=501, nspid=(503, 3), argv=["c"])
+    (fake.root / "502" / "cmdline").unlink()  # exited between its cgroup and its cmdline
+    for f in (fake.root / "503").iterdir():  # exited before its cgroup was read
+        f.unlink()
+    got = procfs.scan(fake.root)
+    assert sorted(got.processes) == [501]
+    assert got.unreadable == 0
+
+
+def test_a_file_that_is_there_but_unreadable_is_counted(fake: FakeProc) -> None:
+    fake.add(501, ppid=9, nspid=(501, 1), argv=["a"])
+    fake.add(502, ppid=9, nspid=(502, 1), argv=["a"])
+    (fake.root / "502" / "stat").write_text("garbage")
+    (fake.root / "503").mkdir()
+    (fake.root / "503" / "cgroup").mkdir()  # reading it fails (EISDIR), not because it is gone
+    got = procfs.scan(fake.root)
+    assert sorted(got.processes) == [501]
+    assert got.unreadable == 2
+
+
+def test_an_unlistable_proc_root_is_an_error(tmp_path: Path) -> None:
+    with pytest.raises(procfs.ProcUnreadable, match="cannot list"):
+        procfs.scan(tmp_path / "absent")
+
+
+# --- the real /proc ------------------------------------------------------------------------------
+
+
+def _own_cgroup_dir() -> Path | None:
+    """A cgroup directory this process may create children in: the v1 memory hierarchy's (a hybrid
+    host like this one) or the unified one's, below its own cgroup."""
+    for line in Path("/proc/self/cgroup").read_text().splitlines():
+        _, controllers, path = line.split(":", 2)
+        base = Path("/sys/fs/cgroup") / ("memory" if controllers == "memory" else "")
+        if controllers in ("memory", "") and (base / path.lstrip("/") / "cgroup.procs").exists():
+            if controllers == "" and not (Path("/sys/fs/cgroup") / "cgroup.controllers").exists():
+                continue  # hybrid: the unified mount is elsewhere and holds no controllers here
+            return base / path.lstrip("/")
+    return None
+
+
+@pytest.fixture
+def container_cgroup() -> Iterator[tuple[Path, ContainerRef]]:
+    base = _own_cgroup_dir()
+    if os.geteuid() != 0 or base is None or shutil.which("unshare") is None:
+        pytest.skip("needs root, unshare and a writable cgroup hierarchy")
+    uid, cid = str(uuid.uuid4()), uuid.uuid4().hex * 2
+    top = base / f"kubepods-test-{uid[:8]}"
+    leaf = top / "kubepods" / "burstable" / f"pod{uid}" / cid
+    leaf.mkdir(parents=True)
+    try:
+        yield leaf, ContainerRef(uid, cid)
+    finally:
+        for pid in (leaf / "cgroup.procs").read_text().split():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(pid), signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while (leaf / "cgroup.procs").read_text().split() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        for d in sorted((p for p in top.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
+            d.rmdir()
+        top.rmdir()
+
+
+SCRIPT = """
+echo 0 > {procs}
+sleep 1000 &
+nice -n 5 sleep 1001 &
+nice -n -5 sleep 1002 &
+setsid sleep 1003 &
+(sh -c 'exit 0' & exec sleep 1004) &
+python3 -c 'import ctypes, threading, time
+ctypes.CDLL(None).mlockall(1)
+threading.Thread(target=time.sleep, args=(1000,), daemon=True).start()
+time.sleep(1000)' &
+python3 -c 'import os; os.execvp("sleep", ["sleep\\tx", "1005"])' &
+wait
+"""
+
+
+def test_rows_equal_what_ps_prints_in_a_real_pid_namespace(
+    container_cgroup: tuple[Path, ContainerRef],
+) -> None:
+    leaf, ref = container_cgroup
+    ns = subprocess.Popen(
+        ["unshare", "--pid", "--fork", "--mount-proc", "sh", "-c", SCRIPT.format(procs=leaf / "cgroup.procs")]
+    )
+    try:
+        init = _wait_for_rows(leaf, 8)  # the zombie has left cgroup.procs, not /proc
+        time.sleep(1.2)  # etimes > 0, so whole-second rounding is exercised
+        # -ww: without a terminal ps cuts its last column at 80 characters; the rows keep MAX_ARGS.
+        ps = subprocess.run(
+            ["nsenter", "-t", str(init), "-p", "-m", "ps", "-ww", "-eo", "pid,ppid,stat,etimes,args"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+        got = procfs.scan(Path("/proc"), lambda r: r == ref)
+        ours = procfs.rows(got.processes.values(), "pod/c")
+        theirs = parse_ps(ps, scope="pod/c")  # the probe (ps, ppid 0) dropped as the exec source does
+        print(ps)
+        assert [(r.pid, r.ppid, r.state, r.command) for r in ours] == [
+            (r.pid, r.ppid, r.state, r.command) for r in theirs
+        ]
+        for a, b in zip(ours, theirs, strict=True):
+            assert a.elapsed_s is not None and b.elapsed_s is not None
+            assert abs(a.elapsed_s - b.elapsed_s) <= 1, (a, b)
+        stats = {r.command: r.state for r in ours}
+        # Each flag really came up on this machine (the comparison above is not vacuous).
+        assert stats["sleep 1001"] == "SN" and stats["sleep 1002"] == "S<"
+        assert stats["sleep 1003"] == "Ss" and "[sh] <defunct>" in stats
+        assert any(s.startswith("S") and "L" in s and "l" in s for s in stats.values())
+        assert "sleep?x 1005" in stats
+        assert ours[0].pid == 1 and ours[0].ppid == 0
+    finally:
+        ns.kill()
+        ns.wait()
+
+
+def _nspid(pid: int) -> list[int]:
+    try:
+        text = Path(f"/proc/{pid}/status").read_text()
+    except OSError:  # exited since cgroup.procs was read
+        return [0]
+    line = next(ln for ln in text.splitlines() if ln.startswith("NSpid:"))
+    return [int(x) for x in line.split()[1:]]
+
+
+def _wait_for_rows(leaf: Path, n: int) -> int:
+    """The namespace's pid 1 (host pid) once n processes (threads apart) are in the cgroup."""
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        pids = [int(p) for p in (leaf / "cgroup.procs").read_text().split()]
+        if len(pids) >= n:
+            time.sleep(0.3)  # the exec'd ones have exec'd
+            return next(p for p in pids if _nspid(p)[-1] == 1)
+        time.sleep(0.05)
+    raise AssertionError(f"only {(leaf / 'cgroup.procs').read_text().split()} in {leaf}")
+
+
+def test_a_zombie_whose_cgroup_v1_reads_root_is_placed_with_its_parent(fake: FakeProc) -> None:
+    root_v1 = "4:memory:/\n1:name=systemd:/\n0::/"
+    fake.add(501, ppid=9, nspid=(501, 1), argv=["sh"], comm="sh", cgroup=f"4:memory:/kubepods/pod{UID}/{CID}")
+    fake.add(502, ppid=501, nspid=(502, 2), argv=[], comm="python3", state="Z", cgroup=root_v1)
+    fake.add(503, ppid=9, nspid=(503,), argv=[], comm="stray", state="Z", cgroup=root_v1)  # not ours
+    fake.add(504, ppid=501, nspid=(504,), argv=["init"], comm="init", cgroup=root_v1)  # live: no
+    assert [(p, pp, st, a) for p, pp, st, _, a in listing(fake)] == [
+        (1, 0, "S", "sh"),
+        (2, 1, "Z", "[python3] <defunct>"),
+    ]
