@@ -162,7 +162,9 @@ def setup(
     tmp = tmp_path_factory.mktemp("doctor")
     cfg = yaml.safe_load((REPO / "examples" / "ghostgpu.yaml").read_text())
     cfg["controller"].update(
-        prometheus={"url": devcluster.state.prometheus_url, "timeout": "5s"}, pollInterval="2s"
+        prometheus={"url": devcluster.state.prometheus_url, "timeout": "5s"},
+        pollInterval="2s",
+        processSource="exec",
     )
     config = tmp / "ghostgpu.yaml"
     config.write_text(yaml.safe_dump(cfg))
