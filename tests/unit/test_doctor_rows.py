@@ -17,11 +17,16 @@ from ghostgpu.render import render_objects
 
 def test_grants_follow_the_bundles_bindings() -> None:
     cfg = load_default_config()
+    exec_mode = cfg.model_copy(
+        update={"controller": cfg.controller.model_copy(update={"process_source": "exec"})}
+    )
+    assert Grant("team-a", "", "pods/exec", "create") in grants(render_objects(exec_mode), ["team-a"])
     got = set(grants(render_objects(cfg), ["team-a"]))
     ctrl_ns = cfg.controller.namespace
     assert Grant("", "", "pods", "watch") in got  # ClusterRoleBinding: cluster-wide
     assert Grant("team-a", "", "pods", "patch") in got  # Kyverno's RoleBinding: opted-in only
-    assert Grant("team-a", "", "pods/exec", "create") in got
+    # the example's agent mode: no exec; the node agent's own ServiceAccount is not the controller's
+    assert not any(g.resource == "pods/exec" for g in got)
     assert Grant("", "", "pods", "patch") not in got
     assert Grant(ctrl_ns, "coordination.k8s.io", "leases", "update") in got  # RoleBinding in its ns
     assert not any(g.verb == "delete" for g in got)  # the bundle grants no delete (reservation off)
