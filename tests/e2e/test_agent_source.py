@@ -3,10 +3,11 @@ against the devcluster: real apiserver and kwok nodes, a real Prometheus scrapin
 dcgm-exporter's GPU series and, as a target of its own, the node agent's series it serves for the
 test's pods (the one double; the agent itself is tested on the real node by its own tests).
 
-Faults: the agent's target down in Prometheus from the start, then per container a missing,
-a stale, and two unseen reports: 0 reclaims, each workload UNKNOWN with its reason on the
-verdict's evidence and in `ghostgpu_workloads_without_process_signal`, and no exec at all; one
-workload whose counts say finished is reclaimed once the target is up (the path works).
+Faults: per container a missing, a stale and two unseen reports, then the agent's target down in
+Prometheus: none of them reclaimed, each UNKNOWN with its reason on the verdict's evidence and in
+`ghostgpu_workloads_without_process_signal`, and no exec at all. The path works: a workload whose
+counts say finished is reclaimed, and one that goes idle while the target is down only once it is
+back.
 """
 
 from __future__ import annotations
@@ -29,14 +30,14 @@ from ghostgpu.devcluster import DevCluster, FakeDcgmClient
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(600)]
 
-WORKLOADS = ("finished", "missing", "stale", "unseen", "not-running")
-# What each shows once the agent's target is up (the evidence's "procs"), and its verdict.
+FAULTS = ("missing", "stale", "unseen", "not-running")
+WORKLOADS = ("finished", *FAULTS, "held-back")
+# What each fault shows on its first verdict (the evidence's "procs").
 EXPECTED = {
-    "finished": ("FINISHED_IDLE", None),
-    "missing": ("UNKNOWN", "!missing"),
-    "stale": ("UNKNOWN", "!stale"),
-    "unseen": ("UNKNOWN", "!no-cgroup-match"),
-    "not-running": ("UNKNOWN", "!not-running"),
+    "missing": "!missing",  # no series for the container: agent not reporting it
+    "stale": "!stale",
+    "unseen": "!no-cgroup-match",
+    "not-running": "!not-running",
 }
 
 
@@ -92,11 +93,11 @@ def test_agent_faults_never_reclaim_and_say_why(
         return live[0] if len(live) == 1 else None
 
     pods = {n: wait_for(lambda n=n: running(n), 90, f"{n} running") for n in WORKLOADS}
-    dcgm.agent_down(True)  # Prometheus misses the agent's target: every scrape of it fails
     for name, pod in pods.items():
-        dcgm.set(ns, pod.metadata.name, util=0.0, fb_used_mib=0)
+        # held-back is busy until the agent's target is down
+        dcgm.set(ns, pod.metadata.name, util=90.0 if name == "held-back" else 0.0, fb_used_mib=0)
         seen = {"namespace": ns, "pod": pod.metadata.name, "uid": pod.metadata.uid}
-        if name == "finished":  # `sh -c "train.py; sleep infinity"` after training
+        if name in ("finished", "held-back"):  # `sh -c "train.py; sleep infinity"` after training
             dcgm.agent(**seen, roles={"wrapper": 1, "holder": 1})
         elif name == "stale":  # an agent whose scans stopped an hour ago
             dcgm.agent(**seen, roles={"wrapper": 1, "holder": 1}, scan_timestamp=time.time() - 3600)
@@ -109,45 +110,45 @@ def test_agent_faults_never_reclaim_and_say_why(
     def annotations(name: str) -> dict[str, str]:
         return apps.read_namespaced_deployment(name, ns).metadata.annotations or {}
 
-    def procs(name: str) -> object:
-        return json.loads(annotations(name).get("ghostgpu.io/evidence", "{}")).get("procs")
+    def verdict(name: str) -> str | None:
+        return annotations(name).get("ghostgpu.io/verdict")
+
+    def evidence(name: str) -> dict[str, Any]:
+        return dict(json.loads(annotations(name).get("ghostgpu.io/evidence", "{}")))
+
+    def replicas(name: str) -> int:
+        return int(apps.read_namespaced_deployment(name, ns).spec.replicas)
 
     execs_before = apiserver_exec_requests(devcluster)
     ctrl = Controller(devcluster.kubeconfig, agent_config(tmp_path, prometheus_url), tmp_path, "agent")
     try:
-        # Target down: no agent series at all, so every workload is UNKNOWN (missing), none reclaimed.
-        wait_for(
-            lambda: all(annotations(n).get("ghostgpu.io/verdict") == "UNKNOWN" for n in WORKLOADS),
-            120,
-            "every workload UNKNOWN while the agent's target is down",
-        )
-        assert {n: procs(n) for n in WORKLOADS} == dict.fromkeys(WORKLOADS, "!missing")
-        for name in WORKLOADS:
-            evidence = json.loads(annotations(name)["ghostgpu.io/evidence"])
-            assert "processes-failed" in evidence["reasons"], (name, evidence)
-        assert ctrl.metric("ghostgpu_workloads_without_process_signal", reason="missing") == len(WORKLOADS)
-        assert all(apps.read_namespaced_deployment(n, ns).spec.replicas == 1 for n in WORKLOADS)
-
-        # The target up: each container's own series decide.
-        dcgm.agent_down(False)
-        wait_for(
-            lambda: all(
-                annotations(n).get("ghostgpu.io/verdict") == verdict and (want is None or procs(n) == want)
-                for n, (verdict, want) in EXPECTED.items()
-            ),
-            120,
-            "each workload's verdict from its own agent series",
-        )
-        wait_for(lambda: apps.read_namespaced_deployment("finished", ns).spec.replicas == 0, 60, "reclaim")
-        ctrl.wait_polls(3)
-        for name, (verdict, want) in EXPECTED.items():
-            replicas = apps.read_namespaced_deployment(name, ns).spec.replicas
-            assert replicas == (0 if name == "finished" else 1), (name, replicas, annotations(name))
-            if want is not None:
-                assert procs(name) == want and annotations(name)["ghostgpu.io/verdict"] == verdict
-        assert ctrl.metric("ghostgpu_reclaims_total") == 1  # the finished one, once
-        for reason in ("missing", "stale", "no-cgroup-match", "not-running"):
+        # 1. Each container's own series decide: finished is reclaimed, every fault is UNKNOWN with
+        # its reason on the verdict's evidence.
+        wait_for(lambda: replicas("finished") == 0, 120, "the finished workload reclaimed")
+        wait_for(lambda: all(verdict(n) == "UNKNOWN" for n in FAULTS), 60, "every fault UNKNOWN")
+        for name, procs in EXPECTED.items():
+            ev = evidence(name)
+            assert "processes-failed" in ev["reasons"] and ev["procs"] == procs, (name, ev)
+        assert verdict("finished") == "FINISHED_IDLE" and "holders-only" in evidence("finished")["reasons"]
+        for procs in EXPECTED.values():
+            reason = procs[1:]
             assert ctrl.metric("ghostgpu_workloads_without_process_signal", reason=reason) == 1, reason
+
+        # 2. Prometheus misses the agent's target (every scrape of it fails) as held-back goes idle:
+        # no series for any container, so held-back is UNKNOWN (missing) and is not reclaimed.
+        dcgm.agent_down(True)
+        dcgm.set(ns, pods["held-back"].metadata.name, util=0.0, fb_used_mib=0)
+        wait_for(lambda: verdict("held-back") == "UNKNOWN", 90, "held-back UNKNOWN with the target down")
+        assert evidence("held-back")["procs"] == "!missing"
+        ctrl.wait_polls(3)
+        assert ctrl.metric("ghostgpu_workloads_without_process_signal", reason="missing") == 1 + len(FAULTS)
+        assert all(replicas(n) == 1 for n in (*FAULTS, "held-back"))
+
+        # 3. The target back: held-back's counts say finished, and only now is it reclaimed.
+        dcgm.agent_down(False)
+        wait_for(lambda: replicas("held-back") == 0, 90, "held-back reclaimed once the target is up")
+        assert all(replicas(n) == 1 for n in FAULTS)
+        assert ctrl.metric("ghostgpu_reclaims_total") == 2  # finished and held-back, once each
         # agent mode never execs: the apiserver served no exec while this controller ran
         assert apiserver_exec_requests(devcluster) == execs_before
     finally:
