@@ -627,6 +627,17 @@ class ControllerConfig(Model):
         "to Kueue; enforce: keep one placeholder Workload per holder and flavor in the team's "
         "ClusterQueue (renders create/delete on workloads into the namespaced ClusterRole)",
     )
+    # Where the processes signal comes from (docs/agent.md). The model's default stays `exec`, so an
+    # existing ghostgpu.yaml renders the same bundle it always did: switching to agent adds a
+    # hostPID DaemonSet, which a cluster's Pod Security admission may refuse, and that change should
+    # be one a person reads in the diff, not one an upgrade makes. A new render (the embedded
+    # examples/ghostgpu.yaml, what users copy) says `agent`.
+    process_source: Literal["agent", "exec"] = Field(
+        "exec",
+        description="agent: the node agent DaemonSet reports each GPU container's processes through "
+        "the poll's one PromQL query, and the bundle grants no pods/exec; exec: `ps` exec'd into each "
+        "idle GPU container (for clusters that cannot run the agent's DaemonSet)",
+    )
     reservation_queue: Name = Field(
         "default",
         description="the LocalQueue, in each opted-in namespace, whose ClusterQueue is the team's: "

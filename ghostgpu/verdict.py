@@ -54,6 +54,10 @@ class FailureReason(StrEnum):
     FORBIDDEN = "forbidden"
     NOT_FOUND = "not-found"
     PARSE_ERROR = "parse-error"
+    # The node agent reports a container it should see and cannot (its reason, verbatim).
+    NO_CGROUP_MATCH = "no-cgroup-match"  # no host pid's cgroup names the container
+    PROC_UNREADABLE = "proc-unreadable"  # the node's /proc could not be read
+    NOT_RUNNING = "not-running"  # the container is not running on the node
     OTHER = "other"
 
 

@@ -53,9 +53,10 @@ from ghostgpu.controller.managers import ManagerInformers
 from ghostgpu.controller.metrics import ControllerMetrics
 from ghostgpu.controller.reconciler import PollResult, Reconciler, Snapshot, accounting_from
 from ghostgpu.controller.server import HealthServer
+from ghostgpu.signals.agent import AgentProcessSource, AgentSeries
 from ghostgpu.signals.artifacts import FileArtifactProbe, S3ArtifactProbe
-from ghostgpu.signals.podexec import KubeExec
-from ghostgpu.signals.processes import ExecProcessSource
+from ghostgpu.signals.podexec import KubeExec, NoExec, PodExec
+from ghostgpu.signals.processes import ExecProcessSource, ProcessSource
 from ghostgpu.signals.prometheus import PrometheusClient
 from ghostgpu.signals.utilization import QuerySpec, UtilizationSource
 
@@ -192,6 +193,39 @@ def loop_healthy(
     return ok, f"last {what} {now - last:.0f}s ago"
 
 
+@dataclass(frozen=True)
+class SignalSources:
+    utilization: UtilizationSource
+    processes: ProcessSource
+    files: FileArtifactProbe
+
+
+def signal_sources(cfg: ControllerConfig, prom: PrometheusClient, executor: PodExec) -> SignalSources:
+    """The sources controller.processSource asks for. agent: the node agent's series ride in the
+    utilization query and nothing execs (the bundle grants no pods/exec); exec: `ps` in each idle
+    GPU container through `executor`."""
+    agent = cfg.process_source == "agent"
+    spec = QuerySpec.from_preset(
+        cfg.metrics.active,
+        max_sample_age=cfg.stale_after.seconds,
+        zero_threshold=cfg.zero_threshold,
+        agent_processes=agent,
+    )
+    if agent:
+        series = AgentSeries()
+        # The agent's scan may be as old as a utilization sample may (staleAfter), no older.
+        return SignalSources(
+            UtilizationSource(prom, spec, agent=series),
+            AgentProcessSource(series, max_age=cfg.stale_after.seconds),
+            FileArtifactProbe(NoExec(), timeout=10.0),
+        )
+    return SignalSources(
+        UtilizationSource(prom, spec),
+        ExecProcessSource(executor, concurrency=8, timeout=10.0),
+        FileArtifactProbe(executor, timeout=10.0),
+    )
+
+
 CONTROLLER_USER_AGENT = f"ghostgpu-controller/{__version__}"
 
 # How much later than it was let go a request may reach the apiserver, as the budget allows for
@@ -268,18 +302,15 @@ async def run_controller(
         on_change=lambda leading: metrics.leader.set(1 if leading else 0),
     )
     prom = PrometheusClient(cfg.prometheus.url, timeout=cfg.prometheus.timeout.seconds)
-    spec = QuerySpec.from_preset(
-        cfg.metrics.active, max_sample_age=cfg.stale_after.seconds, zero_threshold=cfg.zero_threshold
-    )
-    executor = BudgetedExec(KubeExec(api), budget)
+    sources = signal_sources(cfg, prom, BudgetedExec(KubeExec(api), budget))
     s3 = S3ArtifactProbe(endpoint_url=cfg.s3.endpoint, region=cfg.s3.region) if _s3_possible() else None
     dlog = DecisionLog(decision_log)
     reconciler = Reconciler(
         cfg,
         cluster=cluster,
-        utilization=UtilizationSource(prom, spec),
-        processes=ExecProcessSource(executor, concurrency=8, timeout=10.0),
-        files=FileArtifactProbe(executor, timeout=10.0),
+        utilization=sources.utilization,
+        processes=sources.processes,
+        files=sources.files,
         s3=s3,
         metrics=metrics,
         decision_log=dlog,

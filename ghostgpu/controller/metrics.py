@@ -72,6 +72,15 @@ class ControllerMetrics:
             "their processes cannot be seen, so their verdict stays UNKNOWN.",
             registry=r,
         )
+        self.without_processes = Gauge(
+            "ghostgpu_workloads_without_process_signal",
+            "Utilization-idle workloads whose processes could not be read this poll, by reason (the "
+            "node agent not reporting a container: missing; its scan too old: stale; a container it "
+            "cannot see: no-cgroup-match, proc-unreadable, not-running; exec: no-listing, ...). Their "
+            "verdict stays UNKNOWN.",
+            ["reason"],
+            registry=r,
+        )
         self.write_fallbacks = Counter(
             "ghostgpu_annotation_fallbacks_total",
             "Verdict annotations written to pods because an admission webhook refused the workload.",
@@ -118,6 +127,11 @@ class ControllerMetrics:
         self.ghost_gpus.clear()
         for (ns, flavor, verdict), value in rows.items():
             self.ghost_gpus.labels(ns, flavor, verdict).set(value)
+
+    def set_without_processes(self, counts: Mapping[str, int]) -> None:
+        self.without_processes.clear()
+        for reason, n in sorted(counts.items()):
+            self.without_processes.labels(reason).set(n)
 
     def set_workload_states(self, counts: Mapping[str, int]) -> None:
         self.workloads.clear()

@@ -313,6 +313,7 @@ def kyverno_env(service_account: str) -> dict[str, str]:
 
 
 CONTROLLER_SCRAPE_JOB = "ghostgpu-controller"  # the job name the controller/ ServiceMonitor gives
+AGENT_SCRAPE_JOB = "ghostgpu-agent"
 
 
 def prometheus_config(
@@ -326,7 +327,17 @@ def prometheus_config(
             "scrape_interval": scrape_interval,
             "honor_labels": True,  # keep the exporter's namespace/pod/container labels as they are
             "static_configs": [{"targets": [f"127.0.0.1:{dcgm_port}"]}],
-        }
+        },
+        {
+            # The node agent's series, served by the same fake exporter as a target of their own (as
+            # the agent's pods are), so that a test can take this target down alone. Its
+            # namespace/pod labels are the tracked pods', as the bundle's ServiceMonitor keeps them.
+            "job_name": AGENT_SCRAPE_JOB,
+            "scrape_interval": scrape_interval,
+            "honor_labels": True,
+            "metrics_path": "/agent/metrics",
+            "static_configs": [{"targets": [f"127.0.0.1:{dcgm_port}"]}],
+        },
     ]
     if targets_dir is not None:
         jobs.append(

@@ -2,10 +2,21 @@
 DCGM_FI_DEV_XID_ERRORS in Prometheus text format with dcgm-exporter's own label names
 (gpu, UUID, device, modelName, Hostname, container, namespace, pod), values set by the test.
 
+It also serves the node agent's series (`ghostgpu agent`, AGENT_CONTRACT.md "Series") for any
+pod, on their own path, scraped as their own target: the controller's agent mode is tested against
+the series the agent exports, set by the test (the agent itself is tested on the real node).
+
 HTTP API (127.0.0.1 only):
   GET  /metrics            the exposition Prometheus scrapes
+  GET  /agent/metrics      the node agent's series (503 while the agent target is down)
   POST /set    {"namespace", "pod", "container", "node", "gpu": 0, "model": "...",
                 "values": {"DCGM_FI_DEV_GPU_UTIL": 0, ...}}   upsert one GPU's series
+  POST /agent  {"namespace", "pod", "uid", "container", "roles": {"work": 1, ...},
+                "programs": [...], "scan_timestamp": null | unix time, "unseen": null | reason}
+                                                               upsert one container's agent series
+                                                               (scan_timestamp null: the time of
+                                                               each scrape, as a live agent)
+  POST /agent/down {"down": true}                              the agent target fails its scrapes
   POST /remove {"namespace", "pod"}                            drop every series of that pod
   POST /clear                                                  drop everything
 Run: python -m ghostgpu.devcluster.fake_dcgm --port N
@@ -17,6 +28,7 @@ import argparse
 import hashlib
 import json
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import ClassVar
 
@@ -60,6 +72,61 @@ class GpuSample(BaseModel):
         return ",".join(f'{k}="{_escape(v)}"' for k, v in pairs)
 
 
+AGENT_ROLES = ("work", "wrapper", "holder", "timer", "session", "defunct")
+AGENT_METRICS: dict[str, tuple[str, str]] = {
+    "ghostgpu_agent_container_processes": ("gauge", "Processes of a tracked GPU container, by role."),
+    "ghostgpu_agent_container_program": ("gauge", "Programs that keep a container alive (1 each)."),
+    "ghostgpu_agent_container_scan_timestamp_seconds": ("gauge", "Unix time of the container's scan."),
+    "ghostgpu_agent_container_unseen": ("gauge", "A tracked container the agent cannot see, by reason."),
+}
+
+
+class AgentContainer(BaseModel):
+    """One container as the node agent reports it."""
+
+    namespace: str
+    pod: str
+    uid: str = ""
+    container: str = "main"
+    roles: dict[str, int] = Field(default_factory=lambda: {"work": 1})
+    programs: list[str] = Field(default_factory=list)
+    scan_timestamp: float | None = None  # None: the time of each scrape (a live agent)
+    unseen: str | None = None
+
+    def key(self) -> tuple[str, str, str]:
+        return (self.namespace, self.pod, self.container)
+
+    def lines(self, now: float) -> dict[str, list[str]]:
+        base = ",".join(
+            f'{k}="{_escape(v)}"'
+            for k, v in (
+                ("namespace", self.namespace),
+                ("pod", self.pod),
+                ("uid", self.uid),
+                ("container", self.container),
+            )
+        )
+        out: dict[str, list[str]] = {name: [] for name in AGENT_METRICS}
+        if self.unseen is not None:
+            out["ghostgpu_agent_container_unseen"].append(
+                f'ghostgpu_agent_container_unseen{{{base},reason="{_escape(self.unseen)}"}} 1'
+            )
+            return out
+        for role in AGENT_ROLES:  # all six, 0 included: no series means not seen
+            out["ghostgpu_agent_container_processes"].append(
+                f'ghostgpu_agent_container_processes{{{base},role="{role}"}} {self.roles.get(role, 0)}'
+            )
+        for program in sorted(self.programs)[:4]:
+            out["ghostgpu_agent_container_program"].append(
+                f'ghostgpu_agent_container_program{{{base},program="{_escape(program[:64])}"}} 1'
+            )
+        ts = now if self.scan_timestamp is None else self.scan_timestamp
+        out["ghostgpu_agent_container_scan_timestamp_seconds"].append(
+            f"ghostgpu_agent_container_scan_timestamp_seconds{{{base}}} {ts:.3f}"
+        )
+        return out
+
+
 def _escape(v: str) -> str:
     return v.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
@@ -68,6 +135,8 @@ class Store:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._samples: dict[tuple[str, str, str, int], GpuSample] = {}
+        self._agent: dict[tuple[str, str, str], AgentContainer] = {}
+        self.agent_down = False
 
     def set(self, s: GpuSample) -> None:
         unknown = set(s.values) - set(METRICS)
@@ -81,16 +150,41 @@ class Store:
             merged = {**base, **s.values}
             self._samples[s.key()] = s.model_copy(update={"values": merged})
 
+    def set_agent(self, c: AgentContainer) -> None:
+        unknown = set(c.roles) - set(AGENT_ROLES)
+        if unknown:
+            raise ValueError(f"unknown role(s) {sorted(unknown)}; expected some of {list(AGENT_ROLES)}")
+        with self._lock:
+            self._agent[c.key()] = c
+
     def remove(self, namespace: str, pod: str) -> int:
         with self._lock:
             keys = [k for k in self._samples if k[0] == namespace and k[1] == pod]
             for k in keys:
                 del self._samples[k]
-            return len(keys)
+            agent = [k for k in self._agent if k[0] == namespace and k[1] == pod]
+            for a in agent:
+                del self._agent[a]
+            return len(keys) + len(agent)
 
     def clear(self) -> None:
         with self._lock:
             self._samples.clear()
+            self._agent.clear()
+            self.agent_down = False
+
+    def agent_exposition(self, now: float | None = None) -> str:
+        now = time.time() if now is None else now
+        with self._lock:
+            containers = [self._agent[k] for k in sorted(self._agent)]
+        lines: dict[str, list[str]] = {name: [] for name in AGENT_METRICS}
+        for c in containers:
+            for name, more in c.lines(now).items():
+                lines[name] += more
+        out: list[str] = []
+        for name, (typ, help_) in AGENT_METRICS.items():
+            out += [f"# HELP {name} {help_}", f"# TYPE {name} {typ}", *lines[name]]
+        return "\n".join(out) + "\n"
 
     def exposition(self) -> str:
         with self._lock:
@@ -122,6 +216,11 @@ class _Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         if self.path.split("?")[0] == "/metrics":
             self._reply(200, self.store.exposition(), "text/plain; version=0.0.4")
+        elif self.path.split("?")[0] == "/agent/metrics":
+            if self.store.agent_down:
+                self._reply(503, "agent down", "text/plain")
+            else:
+                self._reply(200, self.store.agent_exposition(), "text/plain; version=0.0.4")
         elif self.path == "/healthz":
             self._reply(200, "ok", "text/plain")
         else:
@@ -132,6 +231,12 @@ class _Handler(BaseHTTPRequestHandler):
             body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
             if self.path == "/set":
                 self.store.set(GpuSample.model_validate(body))
+                self._reply(200, '{"ok":true}')
+            elif self.path == "/agent":
+                self.store.set_agent(AgentContainer.model_validate(body))
+                self._reply(200, '{"ok":true}')
+            elif self.path == "/agent/down":
+                self.store.agent_down = bool(body.get("down", True))
                 self._reply(200, '{"ok":true}')
             elif self.path == "/remove":
                 n = self.store.remove(str(body["namespace"]), str(body["pod"]))
@@ -180,6 +285,34 @@ class FakeDcgmClient:
         body = {"namespace": namespace, "pod": pod, "container": container, "node": node, "gpu": gpu}
         r = httpx.post(f"{self.url}/set", json={**body, "values": values}, timeout=5)
         r.raise_for_status()
+
+    def agent(
+        self,
+        namespace: str,
+        pod: str,
+        *,
+        uid: str = "",
+        container: str = "main",
+        roles: dict[str, int] | None = None,
+        programs: list[str] | None = None,
+        scan_timestamp: float | None = None,
+        unseen: str | None = None,
+    ) -> None:
+        """What the node agent reports for one container (replaces what it reported before)."""
+        body = AgentContainer(
+            namespace=namespace,
+            pod=pod,
+            uid=uid,
+            container=container,
+            roles=roles if roles is not None else {"work": 1},
+            programs=programs or [],
+            scan_timestamp=scan_timestamp,
+            unseen=unseen,
+        )
+        httpx.post(f"{self.url}/agent", json=body.model_dump(), timeout=5).raise_for_status()
+
+    def agent_down(self, down: bool = True) -> None:
+        httpx.post(f"{self.url}/agent/down", json={"down": down}, timeout=5).raise_for_status()
 
     def remove(self, namespace: str, pod: str) -> None:
         httpx.post(

@@ -13,6 +13,7 @@ import yaml
 from ghostgpu.config import GhostgpuConfig
 from ghostgpu.doctor.reads import Reads, lease_age, lease_is_live
 from ghostgpu.doctor.report import Row, fail, ok, skip, warn
+from ghostgpu.render import AGENT_NAME, AGENT_NAMESPACE
 
 # Kueue minor releases ghostgpu is tested against (hack/versions.env KUEUE_VERSION and
 # KUEUE_EXTRA_VERSIONS, and the releases between them: docs/kueue-versions.md).
@@ -381,8 +382,29 @@ async def check_controller(reads: Reads, cfg: GhostgpuConfig, objects: list[dict
     )
 
 
-def check_agent(cfg: GhostgpuConfig) -> Row:
-    """The node agent (processes from the GPU nodes, DESIGN §4) is not part of the config yet:
-    until it is, this row reports that it is not configured."""
-    del cfg  # the agent's section, once it exists, says where its DaemonSet runs
-    return skip("agent: on every GPU node", "not configured (processes come from exec)")
+async def check_agent(reads: Reads, cfg: GhostgpuConfig) -> Row:
+    """The node agent (controller.processSource: agent): its DaemonSet is scheduled on some node and
+    every pod it wants is ready. A node without a ready agent has idle workloads stay UNKNOWN."""
+    name = "agent: on every GPU node"
+    if cfg.controller.process_source != "agent":
+        return skip(name, "controller.processSource is exec: processes come from exec, no agent runs")
+    fix = (
+        f"sync the rendered controller/ bundle (agent.yaml); read the agent pods' events "
+        f"(kubectl -n {AGENT_NAMESPACE} describe pods)"
+    )
+    live = await reads.get("apps/v1", f"daemonsets/{AGENT_NAME}", AGENT_NAMESPACE)
+    if live is None:
+        return fail(name, f"DaemonSet {AGENT_NAMESPACE}/{AGENT_NAME} does not exist", fix)
+    status = live.get("status") or {}
+    want = int(status.get("desiredNumberScheduled") or 0)
+    ready = int(status.get("numberReady") or 0)
+    if want == 0:
+        return fail(
+            name,
+            f"DaemonSet {AGENT_NAMESPACE}/{AGENT_NAME} is scheduled on no node",
+            "label the GPU nodes with a flavor's nodeLabels, or give the flavors the tolerations of "
+            "the GPU nodes' taints, and render again",
+        )
+    if ready < want:
+        return fail(name, f"{ready}/{want} agent pods ready: idle workloads on the others stay UNKNOWN", fix)
+    return ok(name, f"{ready}/{want} agent pods ready")

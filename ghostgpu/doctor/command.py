@@ -84,7 +84,7 @@ async def run_doctor(cfg: GhostgpuConfig, kubeconfig: str | None) -> list[Row]:
             namespaces_row or cc.check_namespaces(namespaces, cfg),
             await _row("controller: RBAC", check_rbac(reads, objects, ctrl, known)),
             await _row("controller: running, leader", cc.check_controller(reads, cfg, objects)),
-            cc.check_agent(cfg),
+            await _row("agent: on every GPU node", cc.check_agent(reads, cfg)),
         ]
     finally:
         await prom.aclose()

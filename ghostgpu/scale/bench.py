@@ -204,6 +204,8 @@ def controller_config(prom_url: str, window: int) -> dict[str, Any]:
     doc["controller"] = {
         **(doc.get("controller") or {}),
         "mode": "shadow",
+        # The bench's fleet scripts `ps` tables (its exec rows); agent mode is measured apart.
+        "processSource": "exec",
         "pollInterval": "1s",
         "startupGrace": "1s",
         "window": window,

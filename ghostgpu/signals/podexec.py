@@ -84,6 +84,18 @@ class PodExec(Protocol):
     async def run(self, pod: PodRef, argv: tuple[str, ...], *, timeout: float) -> ExecResult: ...
 
 
+class NoExec:
+    """The executor of agent mode (controller.processSource: agent), whose bundle grants no
+    pods/exec: whatever would exec fails here, without a request (`file://` artifacts are measured
+    by exec; an `s3://` location is measured without one)."""
+
+    async def run(self, pod: PodRef, argv: tuple[str, ...], *, timeout: float) -> ExecResult:
+        raise ExecFailed(
+            FailureReason.FORBIDDEN,
+            f"processSource agent grants no pods/exec: {argv[0]} in {pod.namespace}/{pod.name} not run",
+        )
+
+
 class ExecStream:
     """Decoder for the v4 channel protocol: feed websocket messages until `done`."""
 

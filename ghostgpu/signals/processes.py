@@ -2,7 +2,8 @@
 
 `ProcessSource` is the seam the controller's observe room reads processes through: one batched
 call per poll for every container whose workload's window is all zero. `ExecProcessSource` is the
-implementation over exec; a node agent that reports each container's processes is another.
+implementation over exec; `signals.agent.AgentProcessSource` reads the node agent's per-container
+counts from the poll's one PromQL query.
 
 Safety properties (DESIGN §4): the argv is a module constant (no shell, nothing from the workload
 or its annotations ever reaches it), it only reads, the output size and the wall time are bounded,
@@ -12,11 +13,11 @@ and the number of concurrent execs is capped by a semaphore so a poll cannot flo
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Protocol
 
 from ghostgpu.signals.podexec import ExecFailed, PodExec, PodRef
-from ghostgpu.verdict import FailureReason, ProcessInfo, SignalFailure, program_of
+from ghostgpu.verdict import FailureReason, ProcessCounts, ProcessInfo, SignalFailure, program_of
 
 # procps (Debian, Ubuntu, UBI, Alpine's procps): pid, parent, state, seconds since start, and the
 # command line last, so whatever it contains cannot shift the other columns. The arguments are what
@@ -99,14 +100,15 @@ def no_listing(pod: PodRef, detail: str) -> SignalFailure:
     )
 
 
-Listing = tuple[ProcessInfo, ...] | SignalFailure
+# Rows (exec'd `ps`), per-role counts (the node agent classified the rows on the node), or a failure.
+Listing = tuple[ProcessInfo, ...] | ProcessCounts | SignalFailure
 
 
 class ProcessSource(Protocol):
     """Where a poll's process listings come from. Never raises: a container that cannot be listed
     is a SignalFailure (the verdict stays UNKNOWN, never reclaims)."""
 
-    async def list_many(self, pods: Sequence[PodRef]) -> dict[PodRef, Listing]: ...
+    async def list_many(self, pods: Sequence[PodRef]) -> Mapping[PodRef, Listing]: ...
 
 
 class ExecProcessSource:
@@ -167,16 +169,24 @@ class ExecProcessSource:
         return dict(zip(pods, results, strict=True))
 
 
-def merge_listings(
-    listings: Sequence[tuple[ProcessInfo, ...] | SignalFailure],
-) -> tuple[ProcessInfo, ...] | SignalFailure:
-    """A workload's processes across its pods and GPU containers; any one failing fails the
-    workload (fail safe: an unseen container may be the one doing the work)."""
-    merged: list[ProcessInfo] = []
+def merge_listings(listings: Sequence[Listing]) -> Listing:
+    """A workload's processes across its pods and GPU containers: rows joined, counts summed (`+`);
+    any one failing fails the workload (fail safe: an unseen container may be the one doing the
+    work). One source gives one form; both at once is a failure, never a guess."""
+    if not listings:
+        return SignalFailure(reason=FailureReason.MISSING, detail="no pod to list")
     for listing in listings:
         if isinstance(listing, SignalFailure):
             return listing
-        merged.extend(listing)
-    if not listings:
-        return SignalFailure(reason=FailureReason.MISSING, detail="no pod to list")
+    counts = [x for x in listings if isinstance(x, ProcessCounts)]
+    if counts:
+        if len(counts) != len(listings):
+            return SignalFailure(reason=FailureReason.OTHER, detail="rows and counts for one workload")
+        total = counts[0]
+        for c in counts[1:]:
+            total = total + c
+        return total
+    merged: list[ProcessInfo] = []
+    for listing in listings:
+        merged.extend(listing)  # type: ignore[arg-type]
     return tuple(merged)

@@ -10,6 +10,9 @@ adds with `label_replace`, so a single HTTP round trip carries:
   xid   last XID error code per GPU, when non-zero      (fault evidence, DESIGN §4)
   fb    framebuffer used, summed over the pod's GPUs, in bytes, only for a pod at or under the
         zero threshold (GPU memory evidence: the verdict reads it only for an all-zero window)
+  proc, prog, scan, unseen
+        the node agent's series of the containers of those same pods, when processes come from
+        the agent (signals/agent.py): the processes signal rides in the same request
 
 Prometheus does the filtering so the answer has about one series per pod, not three: at 50,000
 pods, three series per pod were ~150,000 JSON objects to parse on every poll, most of the
@@ -31,6 +34,7 @@ from typing import Any, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from ghostgpu.signals.agent import AGENT_FIELDS, AgentAnswer, AgentSeries, query_parts
 from ghostgpu.signals.prometheus import (
     PrometheusClient,
     PrometheusError,
@@ -79,9 +83,18 @@ class QuerySpec(BaseModel):
     max_sample_age: float = Field(120.0, gt=0)
     # Utilization (percent, after `scale`) counted as zero: GPU memory is asked for only up to here.
     zero_threshold: float = Field(0.0, ge=0)
+    # The node agent's series for the pods at or under the zero threshold (processSource: agent).
+    agent_processes: bool = False
 
     @classmethod
-    def from_preset(cls, preset: Any, *, max_sample_age: float, zero_threshold: float = 0.0) -> QuerySpec:
+    def from_preset(
+        cls,
+        preset: Any,
+        *,
+        max_sample_age: float,
+        zero_threshold: float = 0.0,
+        agent_processes: bool = False,
+    ) -> QuerySpec:
         """From `ghostgpu.config.MetricsPreset` (duck-typed: signals do not import the config)."""
         return cls(
             metric=preset.utilization_metric,
@@ -96,6 +109,7 @@ class QuerySpec(BaseModel):
             framebuffer_query=preset.framebuffer_query or None,
             max_sample_age=max_sample_age,
             zero_threshold=zero_threshold,
+            agent_processes=agent_processes,
         )
 
 
@@ -166,11 +180,11 @@ def build_query(spec: QuerySpec, pods: Iterable[PodKey]) -> str:
         f'label_replace(({util}) and on({by}) ({oldest} >= {since}), "{FIELD_LABEL}", "util", "", "")',
         f'label_replace({oldest} < {since}, "{FIELD_LABEL}", "ts", "", "")',
     ]
+    zero = f"({util}) <= {spec.zero_threshold:g}"
     if spec.framebuffer_query:
         fb = Template(spec.framebuffer_query).substitute(variables)
         if spec.framebuffer_unit_bytes != 1:
             fb = f"({fb}) * {spec.framebuffer_unit_bytes}"
-        zero = f"({util}) <= {spec.zero_threshold:g}"
         parts.append(f'label_replace(({fb}) and on({by}) ({zero}), "{FIELD_LABEL}", "fb", "", "")')
     if spec.xid_query:
         xid = Template(spec.xid_query).substitute(variables)
@@ -179,6 +193,14 @@ def build_query(spec: QuerySpec, pods: Iterable[PodKey]) -> str:
         parts.append(
             f"label_replace(max by ({by}, {spec.gpu_label}) ({spec.xid_metric}{sel} > 0), "
             f'"{FIELD_LABEL}", "xid", "", "")'
+        )
+    if spec.agent_processes:
+        parts += query_parts(
+            variables["namespaces"],
+            zero,
+            namespace_label=spec.namespace_label,
+            pod_label=spec.pod_label,
+            field_label=FIELD_LABEL,
         )
     return " or ".join(parts)
 
@@ -203,10 +225,15 @@ def every_signal_query(spec: QuerySpec, pods: Iterable[PodKey]) -> str:
 
 
 def readings_from_samples(
-    spec: QuerySpec, pods: Iterable[PodKey], eval_time: float, samples: Sequence[VectorSample]
+    spec: QuerySpec,
+    pods: Iterable[PodKey],
+    eval_time: float,
+    samples: Sequence[VectorSample],
+    agent: AgentAnswer | None = None,
 ) -> dict[PodKey, PodReading]:
-    """Turn the query's series into one reading per requested pod (pure; tested without HTTP)."""
-    return _readings(spec, pods, eval_time, ((s.timestamp, s.labels, s.value) for s in samples))
+    """Turn the query's series into one reading per requested pod (pure; tested without HTTP);
+    the node agent's series go into `agent`."""
+    return _readings(spec, pods, eval_time, ((s.timestamp, s.labels, s.value) for s in samples), agent)
 
 
 def _readings(
@@ -214,9 +241,11 @@ def _readings(
     pods: Iterable[PodKey],
     default_eval_time: float,
     series: Iterable[tuple[float, Mapping[str, str], float]],
+    agent: AgentAnswer | None = None,
 ) -> dict[PodKey, PodReading]:
     """(evaluation time, labels, value) series -> one reading per pod. The query selects whole
-    namespaces, so series of pods not asked for are skipped here."""
+    namespaces, so series of pods not asked for are skipped here. The node agent's series are
+    collected into `agent` (dropped when it is None)."""
     pods = list(pods)
     wanted = set(pods)
     util: dict[tuple[str, str], float] = {}
@@ -240,6 +269,10 @@ def _readings(
                 # An XID template may use the exporter's own namespace/pod labels (HAMi preset).
                 key = (labels.get("namespace", ""), labels.get("pod", ""))
             xids.setdefault(key, []).append(XidEvent(code=int(value), gpu=labels.get(spec.gpu_label, "")))
+        elif agent is not None and kind in AGENT_FIELDS:
+            agent.add(kind, labels, value)  # type: ignore[arg-type]
+    if agent is not None:
+        agent.eval_time = eval_time
     out: dict[PodKey, PodReading] = {}
     collect_fb = bool(spec.framebuffer_query)
     oldest = eval_time - spec.max_sample_age
@@ -300,11 +333,23 @@ def _memory(value: float | None) -> int | SignalFailure:
 class UtilizationSource:
     """Runs the batched query. `poll()` never raises: failures land in every pod's reading."""
 
-    def __init__(self, client: PrometheusClient, spec: QuerySpec) -> None:
+    def __init__(
+        self, client: PrometheusClient, spec: QuerySpec, *, agent: AgentSeries | None = None
+    ) -> None:
         self.client = client
         self.spec = spec
+        # Where this poll's node agent series go (spec.agent_processes): the process source reads them.
+        self.agent = agent
 
     async def poll(self, pods: Iterable[PodKey], *, now: float) -> dict[PodKey, PodReading]:
+        answer = AgentAnswer(eval_time=now)
+        if self.agent is not None:
+            self.agent.answer = answer  # replaced every poll: last poll's series are never read again
+        return await self._poll(pods, now, answer if self.agent is not None else None)
+
+    async def _poll(
+        self, pods: Iterable[PodKey], now: float, agent: AgentAnswer | None
+    ) -> dict[PodKey, PodReading]:
         pods = list(dict.fromkeys(pods))
         if not pods:
             return {}
@@ -322,8 +367,10 @@ class UtilizationSource:
         try:
             content = await self.client.query_content(build_query(self.spec, valid), at=now)
             # An empty result carries no evaluation time; we asked for `now`, so that is it.
-            readings = _readings(self.spec, valid, now, iter_answer(content))
+            readings = _readings(self.spec, valid, now, iter_answer(content), agent)
         except PrometheusError as exc:
+            if agent is not None:
+                agent.failure = exc.failure
             return out | {p: PodReading(exc.failure) for p in valid}
         return out | readings
 

@@ -51,6 +51,7 @@ def controller_config(tmp: Path, prometheus_url: str, mode: str, **extra: object
     cfg = yaml.safe_load((REPO / "examples" / "ghostgpu.yaml").read_text())
     cfg["controller"].update(
         mode=mode,
+        processSource="exec",  # these tests script what `ps` prints in each pod (process_tables)
         leaseName=f"ghostgpu-{uuid.uuid4().hex[:8]}",  # one lease per test: no stray holder carries over
         pollInterval=f"{POLL}s",
         window=WINDOW,

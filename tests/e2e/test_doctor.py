@@ -36,7 +36,7 @@ TEAM = "research"
 # Justified warnings on the devcluster: Kueue and Kyverno run as processes, not Deployments, so
 # neither Kueue's image tag nor Kyverno's --crdWatcher flag can be read from the cluster.
 DEVCLUSTER_WARNINGS = {"kueue: version", "kyverno: CRD watcher"}
-NOT_CONFIGURED = {"agent: on every GPU node"}
+NOT_CONFIGURED: set[str] = set()  # the node agent is part of the applied bundle
 READ_ONLY_ROLE = "ghostgpu-doctor-read-only"
 DOCTOR = [sys.executable, "-m", "ghostgpu.cli", "doctor"]
 
@@ -161,6 +161,8 @@ def setup(
         pytest.skip("this devcluster runs without Prometheus and the fake dcgm-exporter")
     tmp = tmp_path_factory.mktemp("doctor")
     cfg = yaml.safe_load((REPO / "examples" / "ghostgpu.yaml").read_text())
+    # The example's processSource (agent), as the applied bundle: doctor checks the grants and the
+    # agent DaemonSet of the bundle rendered from this config against the cluster.
     cfg["controller"].update(
         prometheus={"url": devcluster.state.prometheus_url, "timeout": "5s"}, pollInterval="2s"
     )
@@ -244,6 +246,8 @@ def test_everything_installed_is_ok(setup: Setup) -> None:
     assert setup.namespace in setup.baseline["namespaces: opted in"]["found"]
     assert "leader doctor-test" in setup.baseline["controller: running, leader"]["found"]
     assert setup.namespace in setup.baseline["controller: RBAC"]["found"]
+    # the applied bundle's agent DaemonSet, on the kwok GPU nodes
+    assert "agent pods ready" in setup.baseline["agent: on every GPU node"]["found"]
 
 
 def test_deleted_tracking_policy(setup: Setup, devcluster: DevCluster) -> None:

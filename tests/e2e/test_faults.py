@@ -662,7 +662,8 @@ def test_leader_killed_mid_scale_acts_once_and_loses_nothing(
         devcluster.dcgm.set(ns, pod, util=fleet[name].util)
     cfg = yaml.safe_load((REPO / "examples" / "ghostgpu.yaml").read_text())
     cfg["controller"].update(
-        mode="enforce", pollInterval="1s", window=3, longWindow=6, startupGrace="1s", staleAfter="30s",
+        mode="enforce", processSource="exec", pollInterval="1s", window=3, longWindow=6,
+        startupGrace="1s", staleAfter="30s",
         prometheus={"url": devcluster.state.prometheus_url, "timeout": "5s"},
     )  # fmt: skip
     config = tmp_path / "ghostgpu.yaml"

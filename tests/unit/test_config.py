@@ -225,3 +225,23 @@ def test_config_can_be_built_in_python_with_field_names() -> None:
 def test_example_spells_out_the_builtin_presets() -> None:
     # The example documents the PromQL presets; it must not drift from the code's defaults.
     assert load_default_config().controller.metrics == ControllerConfig().metrics
+
+
+def test_process_source_is_agent_in_a_new_render_and_exec_for_an_existing_file() -> None:
+    # The embedded example (what a new render uses and users copy) says agent explicitly; a file
+    # without the key keeps the exec source it was written for (the same bundle as before).
+    assert load_default_config().controller.process_source == "agent"
+    assert load_config_text(MINIMAL).controller.process_source == "exec"
+    cfg = load_config_text(MINIMAL + "controller: {processSource: agent}\n")
+    assert cfg.controller.process_source == "agent"
+
+
+def test_a_bad_process_source_names_the_key_and_the_allowed_values() -> None:
+    from ghostgpu.config import ConfigError
+
+    with pytest.raises(ConfigError) as err:
+        load_config_text(MINIMAL + "controller: {processSource: daemonset}\n")
+    text = str(err.value)
+    assert "controller.processSource" in text
+    assert "'agent'" in text and "'exec'" in text
+    assert "line " in text

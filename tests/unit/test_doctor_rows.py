@@ -4,6 +4,7 @@ namespaces, leases and versions. tests/e2e/test_doctor.py runs it against the de
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from ghostgpu.config import load_default_config
 from ghostgpu.devcluster.paths import VERSIONS_ENV, read_versions
@@ -17,11 +18,16 @@ from ghostgpu.render import render_objects
 
 def test_grants_follow_the_bundles_bindings() -> None:
     cfg = load_default_config()
+    exec_mode = cfg.model_copy(
+        update={"controller": cfg.controller.model_copy(update={"process_source": "exec"})}
+    )
+    assert Grant("team-a", "", "pods/exec", "create") in grants(render_objects(exec_mode), ["team-a"])
     got = set(grants(render_objects(cfg), ["team-a"]))
     ctrl_ns = cfg.controller.namespace
     assert Grant("", "", "pods", "watch") in got  # ClusterRoleBinding: cluster-wide
     assert Grant("team-a", "", "pods", "patch") in got  # Kyverno's RoleBinding: opted-in only
-    assert Grant("team-a", "", "pods/exec", "create") in got
+    # the example's agent mode: no exec; the node agent's own ServiceAccount is not the controller's
+    assert not any(g.resource == "pods/exec" for g in got)
     assert Grant("", "", "pods", "patch") not in got
     assert Grant(ctrl_ns, "coordination.k8s.io", "leases", "update") in got  # RoleBinding in its ns
     assert not any(g.verb == "delete" for g in got)  # the bundle grants no delete (reservation off)
@@ -165,3 +171,32 @@ def test_a_refused_read_fails_its_row_and_a_bug_is_raised() -> None:
     )
     with pytest.raises(RuntimeError):
         _failed("x", RuntimeError("a bug"))
+
+
+class _DaemonSetReads:
+    def __init__(self, live: dict[str, Any] | None) -> None:
+        self.live = live
+        self.asked: list[tuple[str, str, str | None]] = []
+
+    async def get(self, version: str, url: str, namespace: str | None = None) -> dict[str, Any] | None:
+        self.asked.append((version, url, namespace))
+        return self.live
+
+
+async def test_agent_row_checks_the_daemonset_in_agent_mode_and_skips_with_exec() -> None:
+    cfg = load_default_config()  # processSource: agent
+    exec_mode = cfg.model_copy(
+        update={"controller": cfg.controller.model_copy(update={"process_source": "exec"})}
+    )
+    assert (await cc.check_agent(_DaemonSetReads(None), exec_mode)).status == "skip"  # type: ignore[arg-type]
+    reads = _DaemonSetReads(None)
+    row = await cc.check_agent(reads, cfg)  # type: ignore[arg-type]
+    assert row.status == "fail" and "does not exist" in row.found
+    assert reads.asked == [("apps/v1", "daemonsets/ghostgpu-agent", "ghostgpu-agent")]
+    for status, want, words in (
+        ({"desiredNumberScheduled": 0, "numberReady": 0}, "fail", "scheduled on no node"),
+        ({"desiredNumberScheduled": 4, "numberReady": 3}, "fail", "3/4 agent pods ready"),
+        ({"desiredNumberScheduled": 4, "numberReady": 4}, "ok", "4/4 agent pods ready"),
+    ):
+        row = await cc.check_agent(_DaemonSetReads({"status": status}), cfg)  # type: ignore[arg-type]
+        assert row.status == want and words in row.found, row

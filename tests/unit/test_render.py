@@ -407,10 +407,11 @@ def test_controller_rbac_is_read_only_cluster_wide(default_files: dict[str, str]
     assert [b["roleRef"]["name"] for b in bindings] == ["ghostgpu-controller-read"]
     namespaced = next(o for o in objects if o["metadata"]["name"] == "ghostgpu-controller-namespaced")
     granted = {(res, verb) for r in namespaced["rules"] for res in r["resources"] for verb in r["verbs"]}
+    # the embedded example reads processes from the node agent: no exec (test_render_agent.py)
+    assert ("pods/exec", "create") not in granted
     for need in [
         ("pods", "get"),
         ("pods", "list"),
-        ("pods/exec", "create"),
         ("pods/eviction", "create"),
         ("deployments/scale", "get"),
         ("deployments/scale", "patch"),
@@ -588,6 +589,7 @@ NAMESPACED = {
     "RoleBinding",
     "ConfigMap",
     "Deployment",
+    "DaemonSet",
     "Service",
     "ServiceMonitor",
     "PrometheusRule",
@@ -616,5 +618,6 @@ def test_cli_unwritable_output_is_a_clean_error(tmp_path: Path) -> None:
 
 def test_service_monitor_keeps_the_workload_namespace_label() -> None:
     # ghostgpu_* series are labelled by the workload's namespace: the scrape must not replace it.
-    (monitor,) = [o for o in render_objects(load_default_config()) if o["kind"] == "ServiceMonitor"]
+    monitors = [o for o in render_objects(load_default_config()) if o["kind"] == "ServiceMonitor"]
+    (monitor,) = [m for m in monitors if m["metadata"]["name"] == "ghostgpu-controller"]
     assert [e.get("honorLabels") for e in monitor["spec"]["endpoints"]] == [True]

@@ -24,6 +24,7 @@ from ghostgpu.verdict import (
     FaultEvidence,
     FaultObservation,
     GpuMemory,
+    ProcessCounts,
     ProcessInfo,
     Signal,
     SignalFailure,
@@ -81,7 +82,7 @@ def assemble(
     state: WorkloadState,
     *,
     window: int,
-    processes: tuple[ProcessInfo, ...] | SignalFailure | None,
+    processes: tuple[ProcessInfo, ...] | ProcessCounts | SignalFailure | None,
     faults: FaultObservation,
     memory: GpuMemory | SignalFailure | None = None,
 ) -> Evidence:
@@ -122,7 +123,7 @@ def _already_valid(
             return False
     if not (
         processes is None
-        or isinstance(processes, SignalFailure)
+        or isinstance(processes, SignalFailure | ProcessCounts)
         or (type(processes) is tuple and all(isinstance(p, ProcessInfo) for p in processes))
     ):
         return False
@@ -147,10 +148,15 @@ def evidence_summary(evidence: Evidence, verdict: Verdict, window: int) -> dict[
         out["procs"] = f"!{procs.reason.value}"
     elif procs is not None:
         # live: what the verdict counted as work (0 when only holders such as `sleep infinity` run).
-        dead = sum(p.defunct for p in procs)
-        live = verdict.live_processes if verdict.live_processes is not None else len(procs) - dead
-        held = len(procs) - dead - live
+        if isinstance(procs, ProcessCounts):  # the node agent's counts
+            total, dead = procs.total, procs.defunct
+        else:
+            total, dead = len(procs), sum(p.defunct for p in procs)
+        live = verdict.live_processes if verdict.live_processes is not None else total - dead
+        held = total - dead - live
         out["procs"] = {"live": live, "defunct": dead, **({"holders": held} if held else {})}
+        if isinstance(procs, ProcessCounts) and procs.programs:
+            out["procs"]["programs"] = list(procs.programs)  # type: ignore[index]
     memory = evidence.memory
     if isinstance(memory, SignalFailure):
         out["gpu_mem"] = f"!{memory.reason.value}"

@@ -5,9 +5,10 @@ each eligible workload shows this poll.
      inside the start-up grace, not a workload this process just stopped whose old pods the cache
      still shows (their sample window is reset, so old zeros never count again).
   2. ONE PromQL query for all their pods; one sample per workload into its ring.
-  3. Process listings (the ProcessSource: exec today, bounded concurrency) only for workloads whose
-     window is all zero; artifact sizes for those whose newest sample is zero; faults from pod
-     status and XIDs; GPU memory where the processes were listed.
+  3. Process listings (the ProcessSource: the node agent's series of the same query, or exec with
+     bounded concurrency) only for workloads whose window is all zero; artifact sizes for those
+     whose newest sample is zero; faults from pod status and XIDs; GPU memory where the processes
+     were listed.
 
 Every replica observes (a follower's windows stay warm for a failover); nothing here writes to the
 cluster. Its state: each workload's memory (`WorkloadState`: sample ring, artifact history) and the
@@ -40,7 +41,7 @@ from ghostgpu.signals.artifacts import (
 )
 from ghostgpu.signals.faults import NO_FAULTS, workload_faults
 from ghostgpu.signals.podexec import PodRef
-from ghostgpu.signals.processes import ProcessSource, merge_listings
+from ghostgpu.signals.processes import Listing, ProcessSource, merge_listings
 from ghostgpu.signals.utilization import (
     PodKey,
     PodReading,
@@ -52,7 +53,6 @@ from ghostgpu.verdict import (
     FailureReason,
     FaultObservation,
     GpuMemory,
-    ProcessInfo,
     SignalFailure,
     XidEvent,
 )
@@ -63,7 +63,6 @@ from ghostgpu.verdict import (
 RECLAIM_SETTLE_SECONDS = 300.0
 
 Eligible = dict[WorkloadRef, tuple[Workload, list[PodView], WorkloadState]]
-Listing = tuple[ProcessInfo, ...] | SignalFailure
 
 
 @dataclass
@@ -275,13 +274,17 @@ class Observer:
         listings = await listings_task
         processes: dict[WorkloadRef, Listing | None] = {r: None for r in eligible}
         no_listing = 0
+        without: dict[str, int] = {}
         for r, lst in proc_pods.items():
-            # Raw listings: which processes only hold a container is the verdict policy's call.
+            # Raw listings or counts: which processes only hold a container is the verdict
+            # policy's call; a workload's containers combine (rows joined, counts summed).
             merged = processes[r] = merge_listings([listings[p] for p in lst])
             if isinstance(merged, SignalFailure):
                 failed.labels("processes", merged.reason.value).inc()
                 no_listing += merged.reason is FailureReason.NO_LISTING
+                without[merged.reason.value] = without.get(merged.reason.value, 0) + 1
         self.metrics.no_listing.set(no_listing)
+        self.metrics.set_without_processes(without)
         measured = dict(zip(art_refs, measurements, strict=True))
         for r, st in with_artifacts:  # a workload with an artifact target: its measurement, or none
             m = measured.get(r)

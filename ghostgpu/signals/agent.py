@@ -1,0 +1,194 @@
+"""The processes signal from the node agent (`ghostgpu agent`, a DaemonSet on the GPU nodes), read
+through the poll's ONE PromQL query: no exec, no call from the controller to a node.
+
+The agent exports, per GPU container it tracks (AGENT_CONTRACT.md, "Series"):
+  ghostgpu_agent_container_processes{namespace,pod,uid,container,role}   all six roles, 0 included
+  ghostgpu_agent_container_program{...,program} = 1                      up to 4 programs
+  ghostgpu_agent_container_scan_timestamp_seconds{...}                   unix time of the scan
+  ghostgpu_agent_container_unseen{...,reason} = 1                        a container it cannot see
+
+`query_parts` adds these to the utilization query (signals/utilization.py), for the pods whose
+utilization is at or under the zero threshold right now: the controller asks processes only for a
+workload whose window is all zero, so every pod it asks about is among them, and a busy fleet's
+containers cost the answer nothing. `AgentAnswer` collects the series of one answer and
+`AgentProcessSource` (the observe room's `ProcessSource`) hands out each container's counts.
+
+Fail safe (DESIGN §4): a container with no series (agent not running there, Prometheus not scraping
+it), an incomplete set of roles, a scan older than the signal's maximum age, or an unseen report is
+a SignalFailure: the verdict stays UNKNOWN, never reclaims.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from ghostgpu.signals.podexec import PodRef
+from ghostgpu.verdict import FailureReason, ProcessCounts, ProcessRole, SignalFailure
+
+PROCESSES_METRIC = "ghostgpu_agent_container_processes"
+PROGRAM_METRIC = "ghostgpu_agent_container_program"
+SCAN_METRIC = "ghostgpu_agent_container_scan_timestamp_seconds"
+UNSEEN_METRIC = "ghostgpu_agent_container_unseen"
+ROLES: tuple[str, ...] = tuple(r.value for r in ProcessRole)
+# The agent's unseen reasons, each its own FailureReason so that the verdict's evidence says it.
+UNSEEN_REASONS: dict[str, FailureReason] = {
+    "no-cgroup-match": FailureReason.NO_CGROUP_MATCH,
+    "proc-unreadable": FailureReason.PROC_UNREADABLE,
+    "not-running": FailureReason.NOT_RUNNING,
+}
+# The `ghostgpu_field` values (utilization.FIELD_LABEL) of the agent's parts of the answer.
+ROLE_FIELD, PROGRAM_FIELD, SCAN_FIELD, UNSEEN_FIELD = "proc", "prog", "scan", "unseen"
+AGENT_FIELDS = frozenset({ROLE_FIELD, PROGRAM_FIELD, SCAN_FIELD, UNSEEN_FIELD})
+# The labels every per-container series carries (the agent's own: honorLabels keeps them).
+_KEY = "namespace, pod, uid, container"
+
+ContainerKey = tuple[str, str, str]  # (namespace, pod, container)
+
+
+def query_parts(
+    namespaces: str, zero: str, *, namespace_label: str, pod_label: str, field_label: str
+) -> list[str]:
+    """The agent's parts of the poll's query, each tagged with its `field_label` value.
+
+    `namespaces` is the validated alternation of the tracked namespaces; `zero` a vector with one
+    series per pod at or under the zero threshold, labelled `namespace_label`/`pod_label`. Each part
+    is aggregated by the agent's own labels, so a container scraped twice (two agent pods on one
+    node during a rollout) is one series, and the scrape's target labels do not reach the answer.
+    """
+    on = zero
+    if namespace_label != "namespace":
+        on = f'label_replace({on}, "namespace", "$1", "{namespace_label}", "(.*)")'
+    if pod_label != "pod":
+        on = f'label_replace({on}, "pod", "$1", "{pod_label}", "(.*)")'
+    sel = f'{{namespace=~"{namespaces}"}}'
+
+    def part(expr: str, by: str, kind: str) -> str:
+        return (
+            f"label_replace(max by ({by}) (({expr}) and on(namespace, pod) ({on})), "
+            f'"{field_label}", "{kind}", "", "")'
+        )
+
+    return [
+        part(f"{PROCESSES_METRIC}{sel}", f"{_KEY}, role", ROLE_FIELD),
+        part(f"{PROGRAM_METRIC}{sel}", f"{_KEY}, program", PROGRAM_FIELD),
+        part(f"{SCAN_METRIC}{sel}", _KEY, SCAN_FIELD),
+        part(f"{UNSEEN_METRIC}{sel} == 1", f"{_KEY}, reason", UNSEEN_FIELD),
+    ]
+
+
+@dataclass(slots=True)
+class _Container:
+    uids: set[str] = field(default_factory=set)
+    roles: dict[str, int] = field(default_factory=dict)
+    programs: list[str] = field(default_factory=list)
+    scan: float | None = None
+    unseen: list[str] = field(default_factory=list)
+    bad: str = ""  # why the series cannot be read (a value that is not a count, an unknown role)
+
+
+@dataclass(slots=True)
+class AgentAnswer:
+    """The agent's series of one poll's answer, by container; or the query's failure."""
+
+    eval_time: float = 0.0
+    failure: SignalFailure | None = None
+    containers: dict[ContainerKey, _Container] = field(default_factory=dict)
+
+    def add(self, kind: str, labels: Mapping[str, str], value: float) -> None:
+        key = (labels.get("namespace", ""), labels.get("pod", ""), labels.get("container", ""))
+        c = self.containers.get(key)
+        if c is None:
+            c = self.containers[key] = _Container()
+        c.uids.add(labels.get("uid", ""))
+        if kind == ROLE_FIELD:
+            role = labels.get("role", "")
+            if role not in ROLES:
+                c.bad = f"unknown role {role[:40]!r}"
+            elif not (value >= 0 and value == int(value)):
+                c.bad = f"{role} count {value!r} is not a count"
+            else:
+                c.roles[role] = int(value)
+        elif kind == PROGRAM_FIELD:
+            c.programs.append(labels.get("program", ""))
+        elif kind == SCAN_FIELD:
+            c.scan = value
+        elif kind == UNSEEN_FIELD:
+            c.unseen.append(labels.get("reason", ""))
+
+    def counts(self, pod: PodRef, max_age: float) -> ProcessCounts | SignalFailure:
+        """One container's counts, or why there are none (never raises)."""
+        if self.failure is not None:
+            return self.failure
+        c = self.containers.get((pod.namespace, pod.name, pod.container))
+        where = f"container {pod.container!r} of {pod.namespace}/{pod.name}"
+        if c is None:
+            return SignalFailure(
+                reason=FailureReason.MISSING,
+                detail=f"no node agent series for {where} (agent not running on its node, or not scraped)",
+            )
+        if len(c.uids) > 1:
+            # Two pods of one name (a replaced StatefulSet pod whose old series linger): whose is whose
+            # cannot be told here, so neither is used.
+            return SignalFailure(
+                reason=FailureReason.OTHER, detail=f"agent reports {len(c.uids)} pod uids for {where}"
+            )
+        if c.unseen:
+            reason = sorted(c.unseen)[0]
+            return SignalFailure(
+                reason=UNSEEN_REASONS.get(reason, FailureReason.OTHER),
+                detail=f"the node agent cannot see {where}: {reason[:40]}",
+            )
+        if c.bad:
+            return SignalFailure(reason=FailureReason.PARSE_ERROR, detail=f"{where}: {c.bad}")
+        if c.scan is None:
+            return SignalFailure(reason=FailureReason.MISSING, detail=f"no scan timestamp for {where}")
+        age = self.eval_time - c.scan
+        if age > max_age:
+            return SignalFailure(
+                reason=FailureReason.STALE, detail=f"the agent's newest scan of {where} is {age:.0f}s old"
+            )
+        missing = [r for r in ROLES if r not in c.roles]
+        if missing:
+            # The agent exports all six roles of a container it saw: fewer is not "zero processes".
+            return SignalFailure(
+                reason=FailureReason.MISSING, detail=f"{where}: no {', '.join(missing)} count"
+            )
+        return ProcessCounts(**c.roles, programs=tuple(sorted(set(c.programs))))
+
+
+class AgentSeries:
+    """Where the utilization source leaves this poll's agent series for the process source."""
+
+    def __init__(self) -> None:
+        self.answer = AgentAnswer(failure=SignalFailure(reason=FailureReason.MISSING, detail="no poll yet"))
+
+
+class AgentProcessSource:
+    """`ProcessSource` over the node agent's series of the poll's query (no exec, no extra query).
+
+    The observe room runs the utilization query before it asks for processes (observer.gather), so
+    the answer read here is this poll's."""
+
+    def __init__(self, series: AgentSeries, *, max_age: float) -> None:
+        self.series = series
+        self.max_age = max_age
+
+    async def list_many(self, pods: Sequence[PodRef]) -> dict[PodRef, ProcessCounts | SignalFailure]:
+        answer = self.series.answer
+        return {p: answer.counts(p, self.max_age) for p in pods}
+
+
+__all__ = [
+    "AGENT_FIELDS",
+    "PROCESSES_METRIC",
+    "PROGRAM_METRIC",
+    "ROLES",
+    "SCAN_METRIC",
+    "UNSEEN_METRIC",
+    "UNSEEN_REASONS",
+    "AgentAnswer",
+    "AgentProcessSource",
+    "AgentSeries",
+    "query_parts",
+]

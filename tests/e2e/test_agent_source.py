@@ -1,0 +1,155 @@
+"""End to end: the controller in agent mode (controller.processSource: agent) as a real process
+against the devcluster: real apiserver and kwok nodes, a real Prometheus scraping the fake
+dcgm-exporter's GPU series and, as a target of its own, the node agent's series it serves for the
+test's pods (the one double; the agent itself is tested on the real node by its own tests).
+
+Faults: per container a missing, a stale and two unseen reports, then the agent's target down in
+Prometheus: none of them reclaimed, each UNKNOWN with its reason on the verdict's evidence and in
+`ghostgpu_workloads_without_process_signal`, and no exec at all. The path works: a workload whose
+counts say finished is reclaimed, and one that goes idle while the target is down only once it is
+back.
+"""
+
+from __future__ import annotations
+
+import json
+import ssl
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+from kubernetes import client
+from test_controller import LEASE_NS, REPO, Controller, deployment, opt_in, wait_for
+
+from ghostgpu.devcluster import DevCluster, FakeDcgmClient
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(600)]
+
+FAULTS = ("missing", "stale", "unseen", "not-running")
+WORKLOADS = ("finished", *FAULTS, "held-back")
+# What each fault shows on its first verdict (the evidence's "procs").
+EXPECTED = {
+    "missing": "!missing",  # no series for the container: agent not reporting it
+    "stale": "!stale",
+    "unseen": "!no-cgroup-match",
+    "not-running": "!not-running",
+}
+
+
+def agent_config(tmp: Path, prometheus_url: str) -> Path:
+    cfg = yaml.safe_load((REPO / "examples" / "ghostgpu.yaml").read_text())
+    assert cfg["controller"]["processSource"] == "agent"  # the example's own setting
+    cfg["controller"].update(
+        mode="enforce",
+        leaseName=f"ghostgpu-{uuid.uuid4().hex[:8]}",
+        pollInterval="2s",
+        window=3,
+        longWindow=7,
+        startupGrace="1s",
+        staleAfter="30s",
+        prometheus={"url": prometheus_url, "timeout": "5s"},
+        autonomy={"tau": 0.4},
+    )
+    path = tmp / "ghostgpu-agent.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def apiserver_exec_requests(dc: DevCluster) -> float:
+    """Exec requests the apiserver has served (apiserver_request_total, subresource exec)."""
+    pki = Path(dc.state.state_dir) / "pki"
+    ctx = ssl.create_default_context(cafile=str(pki / "ca.crt"))
+    ctx.load_cert_chain(str(pki / "admin.crt"), str(pki / "admin.key"))
+    text = httpx.get(f"{dc.state.server}/metrics", verify=ctx, timeout=30).text
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("apiserver_request_total{") and 'subresource="exec"' in line
+    )
+
+
+def test_agent_faults_never_reclaim_and_say_why(
+    devcluster: DevCluster,
+    make_namespace: Callable[..., str],
+    dcgm: FakeDcgmClient,
+    prometheus_url: str,
+    tmp_path: Path,
+) -> None:
+    kube = devcluster.kube
+    core, apps = client.CoreV1Api(kube.api_client), client.AppsV1Api(kube.api_client)
+    kube.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": LEASE_NS}})
+    ns = make_namespace({}, prefix="agent")
+    for name in WORKLOADS:
+        kube.apply(deployment(name, ns))
+
+    def running(name: str) -> Any:
+        pods = core.list_namespaced_pod(ns, label_selector=f"app={name}").items
+        live = [p for p in pods if p.status.phase == "Running" and not p.metadata.deletion_timestamp]
+        return live[0] if len(live) == 1 else None
+
+    pods = {n: wait_for(lambda n=n: running(n), 90, f"{n} running") for n in WORKLOADS}
+    for name, pod in pods.items():
+        # held-back is busy until the agent's target is down
+        dcgm.set(ns, pod.metadata.name, util=90.0 if name == "held-back" else 0.0, fb_used_mib=0)
+        seen = {"namespace": ns, "pod": pod.metadata.name, "uid": pod.metadata.uid}
+        if name in ("finished", "held-back"):  # `sh -c "train.py; sleep infinity"` after training
+            dcgm.agent(**seen, roles={"wrapper": 1, "holder": 1})
+        elif name == "stale":  # an agent whose scans stopped an hour ago
+            dcgm.agent(**seen, roles={"wrapper": 1, "holder": 1}, scan_timestamp=time.time() - 3600)
+        elif name == "unseen":
+            dcgm.agent(**seen, unseen="no-cgroup-match")
+        elif name == "not-running":
+            dcgm.agent(**seen, unseen="not-running")
+    opt_in(devcluster, ns)
+
+    def annotations(name: str) -> dict[str, str]:
+        return apps.read_namespaced_deployment(name, ns).metadata.annotations or {}
+
+    def verdict(name: str) -> str | None:
+        return annotations(name).get("ghostgpu.io/verdict")
+
+    def evidence(name: str) -> dict[str, Any]:
+        return dict(json.loads(annotations(name).get("ghostgpu.io/evidence", "{}")))
+
+    def replicas(name: str) -> int:
+        return int(apps.read_namespaced_deployment(name, ns).spec.replicas)
+
+    execs_before = apiserver_exec_requests(devcluster)
+    ctrl = Controller(devcluster.kubeconfig, agent_config(tmp_path, prometheus_url), tmp_path, "agent")
+    try:
+        # 1. Each container's own series decide: finished is reclaimed, every fault is UNKNOWN with
+        # its reason on the verdict's evidence.
+        wait_for(lambda: replicas("finished") == 0, 120, "the finished workload reclaimed")
+        wait_for(lambda: all(verdict(n) == "UNKNOWN" for n in FAULTS), 60, "every fault UNKNOWN")
+        for name, procs in EXPECTED.items():
+            ev = evidence(name)
+            assert "processes-failed" in ev["reasons"] and ev["procs"] == procs, (name, ev)
+        assert verdict("finished") == "FINISHED_IDLE" and "holders-only" in evidence("finished")["reasons"]
+        for procs in EXPECTED.values():
+            reason = procs[1:]
+            assert ctrl.metric("ghostgpu_workloads_without_process_signal", reason=reason) == 1, reason
+
+        # 2. Prometheus misses the agent's target (every scrape of it fails) as held-back goes idle:
+        # no series for any container, so held-back is UNKNOWN (missing) and is not reclaimed.
+        dcgm.agent_down(True)
+        dcgm.set(ns, pods["held-back"].metadata.name, util=0.0, fb_used_mib=0)
+        wait_for(lambda: verdict("held-back") == "UNKNOWN", 90, "held-back UNKNOWN with the target down")
+        assert evidence("held-back")["procs"] == "!missing"
+        ctrl.wait_polls(3)
+        assert ctrl.metric("ghostgpu_workloads_without_process_signal", reason="missing") == 1 + len(FAULTS)
+        assert all(replicas(n) == 1 for n in (*FAULTS, "held-back"))
+
+        # 3. The target back: held-back's counts say finished, and only now is it reclaimed.
+        dcgm.agent_down(False)
+        wait_for(lambda: replicas("held-back") == 0, 90, "held-back reclaimed once the target is up")
+        assert all(replicas(n) == 1 for n in FAULTS)
+        assert ctrl.metric("ghostgpu_reclaims_total") == 2  # finished and held-back, once each
+        # agent mode never execs: the apiserver served no exec while this controller ran
+        assert apiserver_exec_requests(devcluster) == execs_before
+    finally:
+        ctrl.stop()

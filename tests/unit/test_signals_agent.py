@@ -1,0 +1,417 @@
+"""The processes signal from the node agent's series (signals/agent.py), read through the poll's one
+PromQL query: what the query asks, how each container's series become its ProcessCounts or a
+SignalFailure, and a controller in agent mode that judges from them without one exec.
+
+The series are the ones the devcluster's fake dcgm-exporter serves for the agent (its text
+exposition, parsed by prometheus_client's parser), turned into the instant-vector JSON Prometheus
+answers the query with, and served over HTTP on 127.0.0.1 to the controller's own client.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import urllib.parse
+from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from ghostgpu.config import ControllerConfig, MetricsConfig
+from ghostgpu.controller.app import signal_sources
+from ghostgpu.controller.observe.evidence import evidence_summary
+from ghostgpu.controller.reconciler import Reconciler
+from ghostgpu.devcluster.fake_dcgm import AgentContainer, Store
+from ghostgpu.signals.agent import (
+    PROCESSES_METRIC,
+    PROGRAM_METRIC,
+    SCAN_METRIC,
+    UNSEEN_METRIC,
+    AgentProcessSource,
+    AgentSeries,
+)
+from ghostgpu.signals.artifacts import FileTarget
+from ghostgpu.signals.podexec import ExecResult, PodRef
+from ghostgpu.signals.processes import merge_listings
+from ghostgpu.signals.prometheus import PrometheusClient
+from ghostgpu.signals.utilization import FIELD_LABEL, PodKey, QuerySpec, UtilizationSource, build_query
+from ghostgpu.verdict import (
+    Evidence,
+    FailureReason,
+    ProcessCounts,
+    ProcessInfo,
+    SignalFailure,
+    VerdictKind,
+    VerdictPolicy,
+    decide,
+)
+
+NOW = 1_760_000_000.0
+MAX_AGE = 180.0
+SPEC = QuerySpec.from_preset(MetricsConfig().dcgm, max_sample_age=MAX_AGE, agent_processes=True)
+_FIELDS = {PROCESSES_METRIC: "proc", PROGRAM_METRIC: "prog", SCAN_METRIC: "scan", UNSEEN_METRIC: "unseen"}
+_EXTRA = {"proc": "role", "prog": "program", "unseen": "reason"}
+
+
+def answer(
+    store: Store, zero_pods: set[tuple[str, str]], *, at: float = NOW, util: float = 0.0
+) -> dict[str, Any]:
+    """What Prometheus answers the poll's query with, given the agent target's exposition: every
+    zero pod's `util` and `fb`, and the agent's series of those pods, aggregated by the agent's own
+    labels (the query's `max by`) and tagged with their field."""
+    result: list[dict[str, Any]] = []
+    for ns, pod in sorted(zero_pods):
+        for field_, value in (("util", util), ("fb", 0.0)):
+            result.append(
+                {"metric": {FIELD_LABEL: field_, "namespace": ns, "pod": pod}, "value": [at, f"{value:g}"]}
+            )
+    for family in text_string_to_metric_families(store.agent_exposition(now=at - 5)):
+        field_ = _FIELDS[family.name]
+        for s in family.samples:
+            if (s.labels["namespace"], s.labels["pod"]) not in zero_pods:
+                continue  # `and on(namespace, pod)` the zero pods
+            if field_ == "unseen" and s.value != 1:
+                continue
+            keep = ["namespace", "pod", "uid", "container", *([_EXTRA[field_]] if field_ in _EXTRA else [])]
+            labels = {k: s.labels[k] for k in keep} | {FIELD_LABEL: field_}
+            result.append({"metric": labels, "value": [at, repr(float(s.value))]})
+    return {"status": "success", "data": {"resultType": "vector", "result": result}}
+
+
+class Prom:
+    """A Prometheus HTTP API on 127.0.0.1 answering every query with `body(query)`."""
+
+    def __init__(self) -> None:
+        self.queries: list[str] = []
+        self.body: Callable[[str], Any] = lambda q: {
+            "status": "success",
+            "data": {"resultType": "vector", "result": []},
+        }
+        self.status = 200
+        prom = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *a: object) -> None:
+                pass
+
+            def do_POST(self) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                query = urllib.parse.parse_qs(self.rfile.read(length).decode())["query"][0]
+                prom.queries.append(query)
+                data = json.dumps(prom.body(query)).encode()
+                self.send_response(prom.status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+
+
+@pytest.fixture
+def prom() -> Iterator[Prom]:
+    p = Prom()
+    yield p
+    p.server.shutdown()
+    p.server.server_close()
+
+
+async def poll_agent(prom: Prom, pods: list[PodRef], *, now: float = NOW) -> dict[PodRef, Any]:
+    series = AgentSeries()
+    async with PrometheusClient(prom.url, timeout=2) as client:
+        source = UtilizationSource(client, SPEC, agent=series)
+        await source.poll(list(dict.fromkeys(PodKey(p.namespace, p.name) for p in pods)), now=now)
+        return dict(await AgentProcessSource(series, max_age=MAX_AGE).list_many(pods))
+
+
+# --- the query ------------------------------------------------------------------------------------
+
+
+def test_the_one_query_carries_the_agent_series_of_the_zero_pods_only_in_agent_mode() -> None:
+    pods = [PodKey("team-a", "train-0"), PodKey("team-b", "serve-0")]
+    q = build_query(SPEC, pods)
+    zero = '(max by (namespace, pod) (DCGM_FI_DEV_GPU_UTIL{namespace=~"team-a|team-b", pod=~".+"})) <= 0'
+    for metric, field_, by in (
+        (PROCESSES_METRIC, "proc", "namespace, pod, uid, container, role"),
+        (PROGRAM_METRIC, "prog", "namespace, pod, uid, container, program"),
+        (SCAN_METRIC, "scan", "namespace, pod, uid, container"),
+        (UNSEEN_METRIC, "unseen", "namespace, pod, uid, container, reason"),
+    ):
+        # each aggregated by the agent's labels (a container scraped twice is one series), only
+        # for pods at or under the zero threshold, tagged with its field
+        assert f'label_replace(max by ({by}) (({metric}{{namespace=~"team-a|team-b"}}' in q
+        assert f'and on(namespace, pod) ({zero})), "{FIELD_LABEL}", "{field_}", "", "")' in q
+    assert f'{UNSEEN_METRIC}{{namespace=~"team-a|team-b"}} == 1' in q
+    # still one expression that does not grow with the fleet
+    many = [PodKey(f"team-{i % 2}", f"pod-{i}") for i in range(3000)]
+    assert len(build_query(SPEC, many)) == len(build_query(SPEC, many[:2]))
+    exec_mode = build_query(QuerySpec.from_preset(MetricsConfig().dcgm, max_sample_age=MAX_AGE), pods)
+    assert "ghostgpu_agent" not in exec_mode
+
+
+def test_a_preset_with_other_pod_labels_is_matched_to_the_agents_namespace_and_pod() -> None:
+    spec = QuerySpec.from_preset(MetricsConfig().hami, max_sample_age=MAX_AGE, agent_processes=True)
+    q = build_query(spec, [PodKey("team-a", "train-0")])
+    ns_label, pod_label = spec.namespace_label, spec.pod_label
+    assert (ns_label, pod_label) != ("namespace", "pod")
+    assert f'"namespace", "$1", "{ns_label}", "(.*)")' in q
+    assert f'"pod", "$1", "{pod_label}", "(.*)")' in q
+
+
+# --- per container ----------------------------------------------------------------------------------
+
+
+async def test_each_container_gets_its_counts_or_the_reason_it_has_none(prom: Prom) -> None:
+    store = Store()
+    roles, programs = {"work": 2, "wrapper": 1}, ["python", "torchrun"]
+    store.set_agent(
+        AgentContainer(namespace="team-a", pod="train-0", uid="u1", roles=roles, programs=programs)
+    )
+    store.set_agent(
+        AgentContainer(namespace="team-a", pod="done-0", uid="u2", roles={"holder": 1, "wrapper": 1})
+    )
+    store.set_agent(AgentContainer(namespace="team-a", pod="hidden-0", uid="u3", unseen="no-cgroup-match"))
+    store.set_agent(AgentContainer(namespace="team-a", pod="gone-0", uid="u4", unseen="not-running"))
+    store.set_agent(AgentContainer(namespace="team-a", pod="noproc-0", uid="u5", unseen="proc-unreadable"))
+    store.set_agent(
+        AgentContainer(namespace="team-a", pod="old-0", uid="u6", scan_timestamp=NOW - MAX_AGE - 30)
+    )
+    store.set_agent(AgentContainer(namespace="team-a", pod="busy-0", uid="u7"))
+    zero = {
+        ("team-a", p) for p in ("train-0", "done-0", "hidden-0", "gone-0", "noproc-0", "old-0", "absent-0")
+    }
+    prom.body = lambda q: answer(store, zero)
+    refs = {p: PodRef("team-a", p, "main") for _, p in sorted(zero)}
+    got = await poll_agent(prom, list(refs.values()))
+    assert len(prom.queries) == 1  # the processes signal rode in the utilization query
+    assert got[refs["train-0"]] == ProcessCounts(work=2, wrapper=1, programs=("python", "torchrun"))
+    assert got[refs["done-0"]] == ProcessCounts(holder=1, wrapper=1)
+    for pod, reason in (
+        ("hidden-0", FailureReason.NO_CGROUP_MATCH),
+        ("gone-0", FailureReason.NOT_RUNNING),
+        ("noproc-0", FailureReason.PROC_UNREADABLE),
+        ("old-0", FailureReason.STALE),
+        ("absent-0", FailureReason.MISSING),  # no agent series at all: agent not reporting
+    ):
+        failure = got[refs[pod]]
+        assert isinstance(failure, SignalFailure) and failure.reason is reason, (pod, failure)
+    assert "210s old" in got[refs["old-0"]].detail  # type: ignore[union-attr]
+    assert "agent" in got[refs["absent-0"]].detail  # type: ignore[union-attr]
+    # another container of a seen pod was not reported: it is missing, never zero processes
+    other = PodRef("team-a", "train-0", "sidecar")
+    assert (await poll_agent(prom, [other]))[other].reason is FailureReason.MISSING  # type: ignore[union-attr]
+
+
+async def test_a_query_that_fails_fails_every_container(prom: Prom) -> None:
+    prom.status = 503
+    ref = PodRef("team-a", "train-0", "main")
+    got = await poll_agent(prom, [ref])
+    assert isinstance(got[ref], SignalFailure) and got[ref].reason is FailureReason.HTTP_ERROR
+
+
+def _series(field_: str, value: float, **labels: str) -> dict[str, Any]:
+    base = {"namespace": "team-a", "pod": "train-0", "uid": "u1", "container": "main"}
+    return {"metric": base | labels | {FIELD_LABEL: field_}, "value": [NOW, repr(value)]}
+
+
+def _util() -> list[dict[str, Any]]:
+    return [
+        {"metric": {FIELD_LABEL: "util", "namespace": "team-a", "pod": "train-0"}, "value": [NOW, "0"]},
+        {"metric": {FIELD_LABEL: "fb", "namespace": "team-a", "pod": "train-0"}, "value": [NOW, "0"]},
+    ]
+
+
+ROLES6 = ("work", "wrapper", "holder", "timer", "session", "defunct")
+
+
+ALL_ZERO = [_series("proc", 0, role=r) for r in ROLES6]
+
+
+@pytest.mark.parametrize(
+    ("series", "reason"),
+    [
+        # five roles of six: an incomplete report is not "no work"
+        ([_series("proc", 0, role=r) for r in ROLES6[1:]] + [_series("scan", NOW)], FailureReason.MISSING),
+        # counts without a scan time: cannot be dated
+        ([_series("proc", 0, role=r) for r in ROLES6], FailureReason.MISSING),
+        # a role this controller does not know (a newer agent): not read as zero work
+        ([*ALL_ZERO, _series("proc", 1, role="gpu"), _series("scan", NOW)],
+         FailureReason.PARSE_ERROR),
+        ([_series("proc", 0.5 if r == "work" else 0, role=r) for r in ROLES6] + [_series("scan", NOW)],
+         FailureReason.PARSE_ERROR),
+        # two pods of one name (old series of a replaced pod linger): neither is used
+        ([*ALL_ZERO, _series("scan", NOW), _series("scan", NOW, uid="u2")],
+         FailureReason.OTHER),
+        ([_series("unseen", 1, reason="something-new")], FailureReason.OTHER),
+    ],
+)  # fmt: skip
+async def test_series_that_cannot_be_read_fail_the_container(
+    prom: Prom, series: list[dict[str, Any]], reason: FailureReason
+) -> None:
+    prom.body = lambda q: {"status": "success", "data": {"resultType": "vector", "result": _util() + series}}
+    ref = PodRef("team-a", "train-0", "main")
+    got = (await poll_agent(prom, [ref]))[ref]
+    assert isinstance(got, SignalFailure) and got.reason is reason, got
+
+
+async def test_all_six_roles_at_zero_and_a_fresh_scan_are_no_processes(prom: Prom) -> None:
+    series = [_series("proc", 0, role=r) for r in ROLES6] + [_series("scan", NOW - MAX_AGE)]
+    prom.body = lambda q: {"status": "success", "data": {"resultType": "vector", "result": _util() + series}}
+    ref = PodRef("team-a", "train-0", "main")
+    assert (await poll_agent(prom, [ref]))[ref] == ProcessCounts()
+
+
+async def test_the_source_before_any_poll_and_after_a_poll_without_pods() -> None:
+    series = AgentSeries()
+    ref = PodRef("team-a", "train-0", "main")
+    got = (await AgentProcessSource(series, max_age=MAX_AGE).list_many([ref]))[ref]
+    assert isinstance(got, SignalFailure) and got.reason is FailureReason.MISSING
+
+
+# --- a workload's containers ----------------------------------------------------------------------
+
+
+def test_a_workloads_counts_are_summed_and_any_failure_fails_it() -> None:
+    a = ProcessCounts(work=1, wrapper=1, programs=("python",))
+    b = ProcessCounts(holder=1, defunct=2, programs=("pause",))
+    assert merge_listings([a, b]) == ProcessCounts(
+        work=1, wrapper=1, holder=1, defunct=2, programs=("pause", "python")
+    )
+    stale = SignalFailure(reason=FailureReason.STALE)
+    assert merge_listings([a, stale, b]) == stale
+    mixed = merge_listings([a, (ProcessInfo(pid=1, state="S", command="sleep infinity"),)])
+    assert isinstance(mixed, SignalFailure)
+    rows = (ProcessInfo(pid=1, state="S", command="sleep 1"),)
+    assert merge_listings([rows, rows]) == rows + rows
+
+
+def test_the_evidence_summary_reads_counts_as_it_reads_rows() -> None:
+    counts = ProcessCounts(work=0, wrapper=1, holder=1, programs=())
+    policy = VerdictPolicy(window=2)
+    ev = Evidence(utilization=(0.0, 0.0), processes=counts, memory=None)
+    verdict = decide(ev, policy.model_copy(update={"required": frozenset({"utilization", "processes"})}))
+    summary = evidence_summary(ev, verdict, 2)
+    assert summary["procs"] == {"live": 0, "defunct": 0, "holders": 2}
+    alive = ProcessCounts(work=1, wrapper=1, programs=("python",))
+    ev = Evidence(utilization=(0.0, 0.0), processes=alive)
+    verdict = decide(ev, policy.model_copy(update={"required": frozenset({"utilization", "processes"})}))
+    assert verdict.kind is VerdictKind.ACTIVE
+    assert evidence_summary(ev, verdict, 2)["procs"] == {"live": 2, "defunct": 0, "programs": ["python"]}
+    failed = Evidence(utilization=(0.0, 0.0), processes=SignalFailure(reason=FailureReason.NO_CGROUP_MATCH))
+    summary = evidence_summary(failed, decide(failed, policy), 2)
+    assert summary["verdict"] == "UNKNOWN" and "processes-failed" in summary["reasons"]
+    assert summary["procs"] == "!no-cgroup-match"
+
+
+# --- wiring ---------------------------------------------------------------------------------------
+
+
+class RecordingExec:
+    def __init__(self) -> None:
+        self.calls: list[tuple[PodRef, tuple[str, ...]]] = []
+
+    async def run(self, pod: PodRef, argv: tuple[str, ...], *, timeout: float) -> ExecResult:
+        self.calls.append((pod, argv))
+        return ExecResult("PID PPID STAT ELAPSED COMMAND\n1 0 S 10 sleep infinity\n", "", 0)
+
+
+async def test_agent_mode_wires_no_exec_and_exec_mode_still_does(prom: Prom) -> None:
+    ref = PodRef("team-a", "train-0", "main")
+    for source, execs in (("agent", 0), ("exec", 2)):
+        executor = RecordingExec()
+        cfg = ControllerConfig.model_validate({"processSource": source})
+        async with PrometheusClient(prom.url, timeout=2) as client:
+            s = signal_sources(cfg, client, executor)
+            await s.utilization.poll([PodKey("team-a", "train-0")], now=NOW)
+            listed = (await s.processes.list_many([ref]))[ref]
+            measured = await s.files.measure(ref, FileTarget("/out"))
+        assert len(executor.calls) == execs, source
+        assert s.utilization.spec.agent_processes is (source == "agent")
+        if source == "agent":
+            assert isinstance(listed, SignalFailure) and listed.reason is FailureReason.MISSING
+            # file:// artifacts need exec: in agent mode they are a failed signal, never a guess
+            assert isinstance(measured, SignalFailure) and measured.reason is FailureReason.FORBIDDEN
+            assert "ghostgpu_agent_container_processes" in prom.queries[-1]
+        else:
+            assert "ghostgpu_agent" not in prom.queries[-1]
+
+
+def test_the_fake_exporters_agent_series_follow_the_contract() -> None:
+    store = Store()
+    programs = ["a" * 80, "b", "c", "d", "e"]
+    store.set_agent(AgentContainer(namespace="ns", pod="p", uid="u", roles={"work": 1}, programs=programs))
+    store.set_agent(AgentContainer(namespace="ns", pod="q", uid="v", unseen="not-running"))
+    families = {f.name: f.samples for f in text_string_to_metric_families(store.agent_exposition(now=NOW))}
+    roles = [s for s in families[PROCESSES_METRIC] if s.labels["pod"] == "p"]
+    assert sorted(s.labels["role"] for s in roles) == sorted(ROLES6)  # all six, 0 included
+    programs = [s.labels["program"] for s in families[PROGRAM_METRIC]]
+    assert len(programs) == 4 and all(len(p) <= 64 for p in programs)
+    assert [s.value for s in families[SCAN_METRIC]] == [NOW]
+    # an unseen container has the unseen series and no processes series
+    assert [s.labels["reason"] for s in families[UNSEEN_METRIC]] == ["not-running"]
+    assert not [s for s in families[PROCESSES_METRIC] if s.labels["pod"] == "q"]
+    with pytest.raises(ValueError, match="unknown role"):
+        store.set_agent(AgentContainer(namespace="ns", pod="p", roles={"gpu": 1}))
+    assert store.remove("ns", "p") == 1 and 'pod="p"' not in store.agent_exposition(now=NOW)
+
+
+# --- the controller in agent mode -------------------------------------------------------------------
+
+
+async def test_a_controller_in_agent_mode_judges_from_the_agents_counts_and_never_reclaims_without_them(
+    prom: Prom, tmp_path: Path
+) -> None:
+    """The reconciler with the sources processSource: agent wires, over one Prometheus answer per
+    poll: holders only is FINISHED_IDLE, work is ACTIVE, and every way the agent's series fail is
+    UNKNOWN with the failure on the evidence, counted in the gauge by reason; nothing is exec'd."""
+    from test_controller_reconciler import Harness  # the reconciler's own harness (fake cluster)
+
+    class AgentHarness(Harness):
+        def reconciler(self) -> Reconciler:
+            client = PrometheusClient(prom.url, timeout=2)
+            sources = signal_sources(self.cfg, client, self.exec)
+            return Reconciler(
+                self.cfg,
+                cluster=self.cluster,  # type: ignore[arg-type]
+                utilization=sources.utilization,
+                processes=sources.processes,
+                files=sources.files,
+                s3=None,
+                metrics=self.metrics,
+                decision_log=self.log,
+                is_leader=lambda: self.leader,
+                clock=lambda: self.clock,
+            )
+
+    h = AgentHarness(tmp_path, mode="enforce", processSource="agent")
+    store = Store()
+    names = ["done", "working", "hidden", "old", "absent"]
+    for name in names:
+        h.add(name)
+    pod = {name: f"{name}-abc12-xyz" for name in names}
+
+    def agent(name: str, **kw: Any) -> None:
+        store.set_agent(AgentContainer(namespace="team-a", pod=pod[name], uid=f"uid-pod-{name}", **kw))
+
+    agent("done", roles={"wrapper": 1, "holder": 1})
+    agent("working", roles={"wrapper": 1, "work": 1}, programs=["python"])
+    agent("hidden", unseen="no-cgroup-match")
+    agent("old", roles={"wrapper": 1, "holder": 1}, scan_timestamp=h.clock - 3600)
+    zero = {("team-a", pod[n]) for n in names}
+    prom.body = lambda q: answer(store, zero, at=h.clock)
+    await h.polls(4)  # window 3: processes asked in polls 3 and 4
+    assert len(prom.queries) == 4 and h.exec.calls == []  # one query per poll, no exec
+    assert h.verdict("done") == "FINISHED_IDLE" and h.replicas("done") == 0
+    assert h.verdict("working") == "ACTIVE" and h.replicas("working") == 1
+    for name, reason in (("hidden", "no-cgroup-match"), ("old", "stale"), ("absent", "missing")):
+        assert h.verdict(name) == "UNKNOWN" and h.replicas(name) == 1, name
+        ann = h.objects[next(r for r in h.objects if r.name == name)]["metadata"]["annotations"]
+        evidence = json.loads(ann["ghostgpu.io/evidence"])
+        assert "processes-failed" in evidence["reasons"] and evidence["procs"] == f"!{reason}"
+        assert h.metrics.without_processes.labels(reason)._value.get() == 1
