@@ -152,8 +152,16 @@ def test_no_host_path_and_no_other_privilege() -> None:
     }  # fmt: skip
     assert set(container) == {
         "name", "image", "imagePullPolicy", "args", "env", "ports", "resources", "securityContext",
-        "volumeMounts",
+        "volumeMounts", "livenessProbe", "readinessProbe",
     }  # fmt: skip
+
+
+def test_probes_read_the_agents_own_endpoints() -> None:
+    _, container = _pod(cfg())
+    # /healthz: the HTTP server answers; /readyz: the last scan is recent (ghostgpu/agent/command.py)
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "agent-metrics"}
+    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "agent-metrics"}
+    assert [p["name"] for p in container["ports"]] == ["agent-metrics"]
 
 
 def test_its_namespace_allows_host_pid_and_the_controllers_stays_restricted() -> None:
