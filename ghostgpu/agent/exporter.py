@@ -1,4 +1,4 @@
-"""The agent's Prometheus series (AGENT_CONTRACT.md: the controller parses exactly these).
+"""The agent's Prometheus series (docs/agent.md: the controller parses exactly these).
 
 Per container the agent saw (labels namespace, pod, uid, container):
 - `ghostgpu_agent_container_processes{role}`: every role, 0 included (6 series);

@@ -2,7 +2,7 @@
 DCGM_FI_DEV_XID_ERRORS in Prometheus text format with dcgm-exporter's own label names
 (gpu, UUID, device, modelName, Hostname, container, namespace, pod), values set by the test.
 
-It also serves the node agent's series (`ghostgpu agent`, AGENT_CONTRACT.md "Series") for any
+It also serves the node agent's series (`ghostgpu agent`, docs/agent.md) for any
 pod, on their own path, scraped as their own target: the controller's agent mode is tested against
 the series the agent exports, set by the test (the agent itself is tested on the real node).
 

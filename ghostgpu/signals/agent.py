@@ -1,7 +1,7 @@
 """The processes signal from the node agent (`ghostgpu agent`, a DaemonSet on the GPU nodes), read
 through the poll's ONE PromQL query: no exec, no call from the controller to a node.
 
-The agent exports, per GPU container it tracks (AGENT_CONTRACT.md, "Series"):
+The agent exports, per GPU container it tracks (docs/agent.md):
   ghostgpu_agent_container_processes{namespace,pod,uid,container,role}   all six roles, 0 included
   ghostgpu_agent_container_program{...,program} = 1                      up to 4 programs
   ghostgpu_agent_container_scan_timestamp_seconds{...}                   unix time of the scan

@@ -31,7 +31,7 @@ teams:
   - name: research
     quota: {h100: 4, mig: 7}
 """
-# The contract's command (AGENT_CONTRACT.md, "The command"), word for word.
+# The contract's command (docs/agent.md, "The command"), word for word.
 CONTRACT_ARGS = [
     "agent", "--config", "/etc/ghostgpu/ghostgpu.yaml", "--node-name", "$(NODE_NAME)",
     "--proc", "/proc", "--listen", "0.0.0.0:9402", "--interval", "15",
