@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -47,6 +48,7 @@ KUEUE_API = ("kueue.x-k8s.io", "v1beta2")
 HOSTNAME = "kubernetes.io/hostname"
 RECLAIMABLE = frozenset({"FINISHED_IDLE", "ZOMBIE_CRASHED"})
 JOB_NAME, JOB_GPUS = "finetune", 12
+CLUSTER_CLOCK = re.compile(r"^\[devcluster[^]]*\]\s*")  # "[devcluster   4.1s] etcd ready"
 
 
 class DemoError(Exception):
@@ -460,7 +462,8 @@ def run(state_dir: Path | None, *, keep: bool, polls: int, console: Console) -> 
         with console.status("starting the devcluster ...") as status:
 
             def progress(msg: str) -> None:
-                line = f"[{time.monotonic() - t0:5.0f}s] {msg.removeprefix('[devcluster').strip()}"
+                # "[devcluster   4.1s] kube-apiserver ready": the demo's own clock replaces the cluster's
+                line = f"[{time.monotonic() - t0:4.0f}s] {CLUSTER_CLOCK.sub('', msg)}"
                 status.update(f"starting the devcluster: {line}")
                 if not console.is_terminal:
                     console.print(f"starting the devcluster: {line}", highlight=False)
