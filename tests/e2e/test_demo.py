@@ -48,9 +48,13 @@ def processes_naming(path: Path) -> list[str]:
     return found
 
 
+def other_kubelets(state: Path) -> list[str]:
+    return [c for c in realnode._cmdlines_matching("kubelet").values() if str(state) not in c]
+
+
 def test_demo_runs_to_completion_and_leaves_the_machine_as_it_was(tmp_path: Path) -> None:
     state = tmp_path / "demo"
-    sysctls = realnode.read_sysctls()
+    sysctls, others = realnode.read_sysctls(), other_kubelets(state)
     t0 = time.monotonic()
     r = subprocess.run(
         [sys.executable, "-m", "ghostgpu.cli", "devcluster", "demo", "--state-dir", str(state),
@@ -84,7 +88,10 @@ def test_demo_runs_to_completion_and_leaves_the_machine_as_it_was(tmp_path: Path
     assert "cleaned up" in r.stdout
     assert host_traces(state) == {"mounts": [], "cgroups": [], "shims": [], "kubelet": False}
     assert processes_naming(state) == []
-    assert realnode.read_sysctls() == sysctls
+    if not others and not other_kubelets(state):
+        # Another real node on the machine (a parallel test session) holds them as its kubelet set
+        # them, and the last one to stop puts the host's values back: comparable only when alone.
+        assert realnode.read_sysctls() == sysctls
 
 
 def test_demo_refuses_a_state_dir_whose_cluster_runs_without_touching_it(tmp_path: Path) -> None:
