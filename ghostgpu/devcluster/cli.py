@@ -108,3 +108,33 @@ def status(state_dir: Path | None = _STATE) -> None:
         typer.echo(line)
     if state is None or not all(state.running().values()):
         raise typer.Exit(1)
+
+
+_DEMO_STATE = typer.Option(None, "--state-dir", help="State directory (default ~/.cache/ghostgpu/demo).")
+
+
+@app.command()
+def demo(
+    state_dir: Path | None = _DEMO_STATE,
+    keep: bool = typer.Option(False, "--keep", help="Leave the cluster up afterwards, for exploring."),
+    polls: int = typer.Option(5, "--polls", min=1, help="Shadow-mode polls to show before enforcing."),
+) -> None:
+    """Watch the controller catch ghosts: a fleet on the real node judged in shadow mode
+    (verdicts, `ghostgpu status`, `ghostgpu report`), then enforced (ghosts stopped, a waiting Kueue
+    Job admitted), then one restored. Cleans up completely unless --keep. Needs root and hack/testbin."""
+    require("kubernetes", "devcluster", "ghostgpu devcluster")
+    from rich.console import Console
+
+    from ghostgpu.devcluster.demo import DemoError, run
+
+    console = Console()
+    if not console.is_terminal:
+        console = Console(width=140)  # a log or CI: wide enough that tables keep one row a line
+    try:
+        run(state_dir, keep=keep, polls=polls, console=console)
+    except DemoError as e:
+        typer.echo(f"devcluster demo: {e}", err=True)
+        raise typer.Exit(1) from None
+    except KeyboardInterrupt:
+        typer.echo("devcluster demo: interrupted", err=True)
+        raise typer.Exit(130) from None

@@ -35,7 +35,16 @@ from ghostgpu import __version__
 from ghostgpu.config import ControllerConfig
 from ghostgpu.controller.observe.evidence import policy_from_config
 from ghostgpu.devcluster import DevCluster, FakeDcgmClient, realnode
-from ghostgpu.devcluster.realnode import REAL_NODE_LABEL, REAL_NODE_SCHEDULER, REAL_NODE_TAINT
+from ghostgpu.devcluster.fleet import (
+    BUSYBOX_SETUP,
+    SLEEP_LONG,
+    SUPERVISORD,
+    Box,
+    RealShape,
+    deployment,
+    sh,
+)
+from ghostgpu.devcluster.realnode import REAL_NODE_TAINT
 from ghostgpu.signals.podexec import ExecResult, KubeExec, PodRef
 from ghostgpu.signals.processes import ExecProcessSource, parse_ps
 from ghostgpu.verdict import SignalFailure, classify_listing
@@ -44,48 +53,10 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.real_node, pytest.m
 
 CORPUS = {s["name"]: s for s in yaml.safe_load((REPO / "tests" / "shapes" / "shapes.yaml").read_text())}
 POLICY = policy_from_config(ControllerConfig())
-GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
-# BusyBox's applets first on PATH: the container's `ps` is BusyBox's (no etimes column).
-BUSYBOX_PATH = "/bb:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-BUSYBOX_SETUP = "mkdir -p /bb && for a in ps ash sleep; do ln -sf /usr/bin/busybox /bb/$a; done && "
-SUPERVISORD = (
-    "printf '[supervisord]\\nnodaemon=true\\nuser=root\\nlogfile=/tmp/sd.log\\npidfile=/tmp/sd.pid\\n"
-    "[program:{name}]\\ncommand={command}\\nautorestart=false\\nstartsecs=0\\n' > /tmp/sd.conf && "
-    "exec /usr/bin/supervisord -n -c /tmp/sd.conf"
-)
-SLEEP_LONG = "import time; time.sleep(10**9)"
 
 
-@dataclass
-class Box:
-    """One container of a real shape."""
-
-    command: list[str]
-    image: str = "workload"  # or "distroless"
-    gpus: int = 1
-    busybox: bool = False
-
-
-@dataclass
-class RealShape:
-    corpus: str  # the shape's name in tests/shapes/shapes.yaml
-    containers: dict[str, Box]
-    shared_pid: bool = False
-    session: str | None = None  # "tty" / "pipe": a held-open exec of bash into the first container
-    crash_first: bool = False  # the first container exits 1 once, then runs (a real restart)
-    extra: dict[str, Box] = field(default_factory=dict)  # containers without a GPU
-
-    @property
-    def name(self) -> str:  # a Deployment name (<= 63 characters)
-        return self.corpus[:50].rstrip("-")
-
-    @property
-    def expect(self) -> str:
-        return str(CORPUS[self.corpus]["expect"])
-
-
-def sh(script: str, **kw: Any) -> Box:
-    return Box(["/bin/sh", "-c", script], **kw)
+def expect(shape: RealShape) -> str:
+    return str(CORPUS[shape.corpus]["expect"])
 
 
 SHAPES = [
@@ -164,50 +135,7 @@ SHAPES = [
     # classifier, so its verdict on a real node is ACTIVE about as often as FINISHED_IDLE.
     RealShape("timeout-wrapped-evaluation", {"eval": Box(["timeout", "7200", "python3", "-c", SLEEP_LONG])}),
 ]
-RECLAIMABLE = {s.name for s in SHAPES if s.expect in ("FINISHED_IDLE", "ZOMBIE_CRASHED")}
-
-
-def container(name: str, box: Box, images: dict[str, str]) -> dict[str, Any]:
-    c: dict[str, Any] = {
-        "name": name,
-        "image": images[box.image],
-        "imagePullPolicy": "Never",  # imported into the node's containerd; nothing is ever pulled
-        "command": box.command,
-        "volumeMounts": [{"name": "state", "mountPath": "/state"}] if box.image == "workload" else [],
-    }
-    if box.gpus:
-        c["resources"] = {"limits": {"nvidia.com/gpu": str(box.gpus)}}
-    if box.busybox:
-        c["env"] = [{"name": "PATH", "value": BUSYBOX_PATH}]
-    return c
-
-
-def deployment(shape: RealShape, ns: str, images: dict[str, str]) -> dict[str, Any]:
-    labels = {"app": shape.name, "ghostgpu.io/tracked": "true"}
-    boxes = {**shape.containers, **shape.extra}
-    spec: dict[str, Any] = {
-        # containerd 1.6 gives a pod network only with an eth0 address: the real node's pods share
-        # the host's network namespace (nothing in them talks to anything but loopback).
-        "hostNetwork": True,
-        "schedulerName": REAL_NODE_SCHEDULER,  # the default scheduler never places a pod there
-        "nodeSelector": {REAL_NODE_LABEL: "true"},
-        "tolerations": [GPU_TOLERATION, {"key": REAL_NODE_TAINT.key, "operator": "Exists"}],
-        "terminationGracePeriodSeconds": 1,
-        "volumes": [{"name": "state", "emptyDir": {}}],
-        "containers": [container(n, b, images) for n, b in boxes.items()],
-    }
-    if shape.shared_pid:
-        spec["shareProcessNamespace"] = True
-    return {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": {"name": shape.name, "namespace": ns, "labels": labels},
-        "spec": {
-            "replicas": 1,
-            "selector": {"matchLabels": {"app": shape.name}},
-            "template": {"metadata": {"labels": labels}, "spec": spec},
-        },
-    }
+RECLAIMABLE = {s.name for s in SHAPES if expect(s) in ("FINISHED_IDLE", "ZOMBIE_CRASHED")}
 
 
 class RecordingExec:
@@ -585,7 +513,7 @@ def test_shadow_verdicts_then_enforce_then_restore(
     shadow = Controller(
         devcluster.kubeconfig, real_config(tmp_path, prometheus_url, "shadow"), tmp_path, "shadow"
     )
-    expected = {s.name: s.expect for s in SHAPES}
+    expected = {s.name: expect(s) for s in SHAPES}
     try:
         shadow.wait_polls(4, timeout=180)
 
@@ -602,7 +530,7 @@ def test_shadow_verdicts_then_enforce_then_restore(
             wait_for(as_expected, 90, "shadow verdicts")
         finally:
             for s in SHAPES:
-                print(f"[verdict] {s.corpus}: {got.get(s.name)} (corpus: {s.expect})")
+                print(f"[verdict] {s.corpus}: {got.get(s.name)} (corpus: {expect(s)})")
         assert got == expected
         assert all(fleet.replicas(s) == 1 for s in SHAPES), "shadow touches nothing"
     finally:

@@ -40,6 +40,7 @@ RUN_ELSEWHERE = {
     ("devcluster", "up"): "tests/e2e/conftest.py (one cluster per session)",
     ("devcluster", "status"): "tests/e2e/test_cluster_lifecycle.py",
     ("devcluster", "down"): "tests/e2e/test_cluster_lifecycle.py",
+    ("devcluster", "demo"): "tests/e2e/test_demo.py (to the end, then nothing of it left)",
     ("bench", "scale"): "tests/e2e/test_scale_smoke.py",
     (
         "dashboard",
