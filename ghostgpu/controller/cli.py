@@ -112,8 +112,9 @@ def status(
 
     table = Table(
         title="GPU accounting gap (ghostgpu status)",
-        caption="alloc: node allocatable · admitted: Kueue flavorsUsage · outside: held by tracked "
-        "workloads outside Kueue · reserved: of those, reserved in Kueue by placeholder Workloads "
+        caption="alloc: node allocatable · admitted: Kueue flavorsUsage · outside: held outside Kueue "
+        "in opted-in namespaces, by verdict (UNTRACKED_OWNER: GPU pods no tracked workload owns; "
+        "counted, never acted on) · reserved: of those, reserved in Kueue by placeholder Workloads "
         "(controller.reservation; admitted includes them) · free: truly free · Kueue free: nominal "
         "quota - admitted",
     )

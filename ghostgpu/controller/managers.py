@@ -121,6 +121,8 @@ class Resolution:
 
     workloads: dict[WorkloadRef, Workload]
     _chain_top: dict[tuple[str, str, str], WorkloadRef | None] = field(default_factory=dict)
+    # (kind, ns, name) -> its controller owner, as the caches know it (Resolver.resolve's walk).
+    _parent: Callable[[str, str, str], OwnerRef | None] | None = None
 
     def top_of(self, pod: PodView) -> WorkloadRef | None:
         if pod.owner_kind is None:
@@ -133,6 +135,25 @@ class Resolution:
         else:
             start = (pod.owner_kind, pod.namespace, pod.owner_name or "")
         return self._chain_top.get(start)
+
+    def holder_of(self, pod: PodView) -> WorkloadRef:
+        """The top of the pod's controller chain as far as the caches see it, tracked or not: who
+        holds the GPUs of a pod no workload accounts for (books/untracked.py). A kind nobody
+        watches (a Job, an operator with no row) ends the walk and is named as the holder."""
+        if pod.owner_kind is None:
+            return WorkloadRef("Pod", pod.namespace, pod.name)
+        kind, name = pod.owner_kind, pod.owner_name or ""
+        if kind == "ReplicaSet":
+            dep = owner_workload(pod)
+            if dep is None:
+                return WorkloadRef(kind, pod.namespace, name)
+            kind, name = dep.kind, dep.name
+        for _ in range(MAX_DEPTH):
+            owner = self._parent(kind, pod.namespace, name) if self._parent is not None else None
+            if owner is None or owner.kind == "ReplicaSet":
+                break
+            kind, name = owner.kind, owner.name
+        return WorkloadRef(kind, pod.namespace, name)
 
 
 class Resolver:
@@ -171,6 +192,8 @@ class Resolver:
                 return pod_owner(ns, name) if pod_owner is not None else None
             mgr = managers.get(WorkloadRef(kind, ns, name))
             return mgr.owner if mgr is not None else None
+
+        res._parent = parent
 
         def top(kind: str, ns: str, name: str) -> WorkloadRef | None:
             key = (kind, ns, name)

@@ -255,7 +255,14 @@ async def status(loaded: LoadedConfig, *, kubeconfig: str | None = None) -> list
         return OwnerRef(v.owner_kind, v.owner_name or "", "", "") if v and v.owner_kind else None
 
     res = Resolver(table).resolve(tracked, chain, managers, pods, pod_owner)
-    snap = Snapshot(namespaces=namespaces, workloads=res.workloads, pods=pods, nodes=nodes, top_of=res.top_of)
+    snap = Snapshot(
+        namespaces=namespaces,
+        workloads=res.workloads,
+        pods=pods,
+        nodes=nodes,
+        top_of=res.top_of,
+        holder_of=res.holder_of,
+    )
     accounts = accounting_from(flavors, snap, cqs)
     await _fill_reservations(cluster, loaded, flavors, snap, cqs, accounts)
     return accounts
