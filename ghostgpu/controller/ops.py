@@ -24,6 +24,7 @@ from ghostgpu.controller.inventory import (
 from ghostgpu.controller.kube import (
     CLUSTERQUEUES,
     DEPLOYMENTS,
+    JOBS,
     NAMESPACES,
     NODES,
     PODS,
@@ -210,14 +211,15 @@ async def status(loaded: LoadedConfig, *, kubeconfig: str | None = None) -> list
     is_gpu = gpu_predicate([f.resource for f in loaded.flavors or []])
     flavors: list[FlavorSpec] = loaded.flavors or await discover_flavors(cluster, is_gpu)
     tracked: dict[WorkloadRef, Any] = {}
-    chain: dict[tuple[str, str, str], OwnerRef | None] = {}  # Deployment/StatefulSet -> its owner
-    for kind, rt in (("Deployment", DEPLOYMENTS), ("StatefulSet", STATEFULSETS), ("Pod", PODS)):
+    chain: dict[tuple[str, str, str], OwnerRef | None] = {}  # Deployment/StatefulSet/Job -> its owner
+    listed = (("Deployment", DEPLOYMENTS), ("StatefulSet", STATEFULSETS), ("Job", JOBS), ("Pod", PODS))
+    for kind, rt in listed:
         for obj in await cluster.list(rt):
             meta = obj.get("metadata") or {}
             if kind != "Pod":
                 chain[(kind, meta.get("namespace", ""), meta.get("name", ""))] = controller_owner(meta)
             labels = (obj.get("metadata") or {}).get("labels") or {}
-            if labels.get(keys.TRACKED_LABEL) != "true":
+            if kind == "Job" or labels.get(keys.TRACKED_LABEL) != "true":
                 continue
             owners = (obj.get("metadata") or {}).get("ownerReferences") or []
             if kind == "Pod" and any(o.get("controller") for o in owners):

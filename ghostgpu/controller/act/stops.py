@@ -25,7 +25,8 @@ log = logging.getLogger("ghostgpu.controller")
 
 @dataclass(frozen=True)
 class StopOutcome:
-    # "stopped", "gone", "already-stopped", "exempt", "not-leader", "conflict", "blocked", or what
+    # "stopped", "gone", "already-stopped", "exempt", "unstoppable" (the stop's `requires` no longer
+    # hold: judged again, then escalated), "not-leader", "conflict", "blocked", or what
     # `before` answered (a revert mark, the GitOps pre-flight)
     outcome: str
     fresh: Mapping[str, Any] | None = None
@@ -53,6 +54,8 @@ async def stop(
         return StopOutcome("already-stopped", fresh)  # someone (a person, the other replica) did
     if keys.refuses_reclaim(ann):
         return StopOutcome("exempt", fresh)
+    if not a.can_stop(fresh):  # changed since the cache saw it (a RayJob's shutdownAfterJobFinishes)
+        return StopOutcome("unstoppable", fresh)
     if not is_leader:
         return StopOutcome("not-leader", fresh)
     held = await before(fresh) if before is not None else None
