@@ -206,6 +206,25 @@ async def _restore_from_ledger(
 
 async def status(loaded: LoadedConfig, *, kubeconfig: str | None = None) -> list[FlavorAccount]:
     """The accounting gap from the cluster as it is now (verdicts from the workloads' annotations)."""
+    cluster, flavors, snap, cqs = await _status_snapshot(loaded, kubeconfig)
+    accounts = accounting_from(flavors, snap, cqs)
+    await _fill_reservations(cluster, loaded, flavors, snap, cqs, accounts)
+    return accounts
+
+
+async def status_by_owner(loaded: LoadedConfig, *, kubeconfig: str | None = None) -> list[Any]:
+    """GPUs held outside Kueue by top owner kind (books/owners.py)."""
+    from ghostgpu.controller.books.books import opted_in_pods_of
+    from ghostgpu.controller.books.owners import by_owner_kind
+
+    _, _, snap, _ = await _status_snapshot(loaded, kubeconfig)
+    return by_owner_kind(snap, opted_in_pods_of(snap))
+
+
+async def _status_snapshot(
+    loaded: LoadedConfig, kubeconfig: str | None
+) -> tuple[Cluster, list[FlavorSpec], Snapshot, list[Any]]:
+    """The cluster as the controller's caches would show it: one list per kind."""
     api = await _kube_api(kubeconfig)
     cluster = Cluster(api, instance="ghostgpu-status")
     is_gpu = gpu_predicate([f.resource for f in loaded.flavors or []])
@@ -265,9 +284,7 @@ async def status(loaded: LoadedConfig, *, kubeconfig: str | None = None) -> list
         top_of=res.top_of,
         holder_of=res.holder_of,
     )
-    accounts = accounting_from(flavors, snap, cqs)
-    await _fill_reservations(cluster, loaded, flavors, snap, cqs, accounts)
-    return accounts
+    return cluster, flavors, snap, cqs
 
 
 async def _fill_reservations(

@@ -260,3 +260,36 @@ async def test_the_ghost_gauge_counts_them_and_nothing_is_written(tmp_path: Path
     assert gauge("ghostgpu_ghost_gpus", {"namespace": NS, "flavor": "h100", "verdict": UNTRACKED_OWNER}) == 6
     reclaimable = gauge("ghostgpu_gpu_hours_reclaimable_total", {"namespace": NS, "flavor": "h100"})
     assert not reclaimable  # held, never reclaimable: nothing may act on it
+
+
+# --- `ghostgpu status --by owner` ------------------------------------------------------------------
+
+
+def test_by_owner_names_the_kinds_holding_gpus_outside_kueue_most_first() -> None:
+    from ghostgpu.controller.books.books import opted_in_pods_of
+    from ghostgpu.controller.books.owners import OwnerKindRow, by_owner_kind
+
+    dep = tracked_deployment("web")
+    rc = raycluster_of_rayjob("rj-raycluster", ("RayJob", "rj"))
+    pods = [
+        pod(
+            "web-abc12-x", ("ReplicaSet", "web-abc12"), gpus="2", app="web", **{"pod-template-hash": "abc12"}
+        ),
+        pod("train-a", ("Job", "train")),
+        pod("other-a", ("Job", "other"), gpus="1"),
+        pod("rj-worker-0", ("RayCluster", "rj-raycluster"), gpus="8"),
+        pod("queued", ("Job", "q"), **{"kueue.x-k8s.io/podset": "main"}),  # Kueue's: not outside
+    ]
+    rj_obj = {"apiVersion": "ray.io/v1", "kind": "RayJob",
+              "metadata": {"name": "rj", "namespace": NS, "uid": "uid-rj"},
+              "spec": {"shutdownAfterJobFinishes": True}}  # fmt: skip
+    rj = manager_workload(TABLE.by_kind["RayJob"], rj_obj, IS_GPU)
+    snap = snapshot({dep.ref: dep}, pods, managers={rc.ref: rc, rj.ref: rj})
+    rows = [(r.kind, r.acts, r.holders, r.gpus) for r in by_owner_kind(snap, opted_in_pods_of(snap))]
+    # a RayJob is stopped through its row; plain Jobs are only counted (no row: add one to act)
+    assert rows == [("RayJob", True, 1, 8.0), ("Job", False, 2, 5.0), ("Deployment", True, 1, 2.0)]
+    # the same RayJob without shutdownAfterJobFinishes: held, but ghostgpu cannot stop it
+    rj_obj["spec"] = {}
+    rj = manager_workload(TABLE.by_kind["RayJob"], rj_obj, IS_GPU)
+    snap = snapshot({dep.ref: dep}, pods, managers={rc.ref: rc, rj.ref: rj})
+    assert by_owner_kind(snap, opted_in_pods_of(snap))[0] == OwnerKindRow("RayJob", False, 1, 8.0)
