@@ -53,7 +53,7 @@ from ghostgpu.controller.managers import manager_workload, register_kinds
 from ghostgpu.controller.metrics import ControllerMetrics
 from ghostgpu.controller.reconciler import Reconciler
 from ghostgpu.devcluster import DevCluster, FakeDcgmClient, ProcessTables
-from ghostgpu.devcluster.paths import cache_root, read_versions
+from ghostgpu.devcluster.paths import Toolchain, cache_root, read_versions
 from ghostgpu.verdict import Rule, Verdict, VerdictKind
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(600)]
@@ -507,7 +507,7 @@ def install_crd_of(dc: DevCluster, kind: str) -> None:
     elif source == "double":
         apply_crds(dc, [DOUBLES / f"{a.plural}.{a.group}.yaml"])
     elif source == "owner-crds-extra":  # real, from their modules: installed here, not at start
-        d = dc.tools.owner_crd_dir.parent / "extra"
+        d = Toolchain.locate().owner_crd_dir.parent / "extra"
         files = [f for f in sorted(d.glob("*.yaml")) if f.name.startswith(f"{a.group}_{a.plural}.")]
         if not files:
             pytest.skip(f"{kind}'s CRD not fetched (run hack/testbin owner-crds): {d}")

@@ -20,6 +20,7 @@ from kubernetes import client
 from test_controller import LEASE_NS, Controller, wait_for
 from test_reservation import H100_NODE, KUEUE, PLACEHOLDERS, POLL, QUEUE, REPO, Team, config
 
+from ghostgpu.controller.keys import COMPONENT
 from ghostgpu.devcluster import DevCluster
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.kueue, pytest.mark.timeout(600)]
@@ -128,7 +129,13 @@ def test_an_untracked_owners_gpus_are_in_the_books_and_kueue_holds_back_what_wou
             trainer["metadata"]["resourceVersion"] == trainer_rv and trainer["metadata"]["uid"] == trainer_uid
         )
         evs = t.core.list_namespaced_event(t.ns).items
-        assert not [e for e in evs if e.involved_object.name in (pod, "t1")]
+        ours = [
+            e
+            for e in evs
+            if e.reporting_component == COMPONENT or (e.source and e.source.component == COMPONENT)
+        ]
+        assert not [e for e in ours if e.involved_object.name in (pod, "t1")]
+        assert any(e.reason == "Scheduled" and e.involved_object.name == pod for e in evs)  # events are read
 
         # The pod goes: the placeholder goes and Kueue admits the Job, whose pod then runs.
         t.core.delete_namespaced_pod(pod, t.ns, grace_period_seconds=0)
