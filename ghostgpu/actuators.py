@@ -4,8 +4,12 @@ A GPU workload's manager is the top of its controller chain (managers.py). A rec
 object through its own stop API, never on a child the manager rewrites. Each row of the table says:
 
 - `stop`: `scale` (the scale subresource to 0), `annotation` (set `annotation` to `value`; the
-  value `now` is written as the current RFC 3339 time) or `field` (merge-patch the JSON pointer
-  `field` to `value`);
+  value `now` is written as the current RFC 3339 time), `field` (merge-patch the JSON pointer
+  `field` to `value`) or `none` (the kind's controller honours no stop: its objects are tracked,
+  judged and counted, never written; a reclaimable verdict is escalated);
+- `requires`: JSON pointer -> value that must hold for the stop to apply (a RayJob is suspended
+  only with `shutdownAfterJobFinishes: true`, or KubeRay fails it); an object that does not meet
+  them is judged like a `none` row: escalated, never written;
 - how restore undoes it: `scale` back to the recorded count; remove the annotation (or put back the
   value it had); set the field back to the recorded value;
 - where the record lives: always on the top object, as an annotation
@@ -15,6 +19,7 @@ object through its own stop API, never on a child the manager rewrites. Each row
   `is_stopped(obj)`: whether the object is stopped the way this actuator stops it;
 - `containers` / `container`: where the object's pod templates keep their containers (JSON pointers,
   `*` = every element of a list): the Kyverno tracking policy and the controller count GPUs there;
+  `resources`: pointers to bare resource requirements (a TrainJob's `trainer.resourcesPerNode`);
 - `base_risk`: the risk gate's base risk of the stop (the KServe stop deletes a Deployment: higher).
 
 The built-ins cover Deployment/StatefulSet, Kubeflow Notebook and Workspace, KubeRay RayCluster,
@@ -46,7 +51,7 @@ NOW = "now"  # an annotation value written as the current time (Kubeflow's culle
 # a manager above them, resolved through owner chains. Both kinds are stopped like any scale row.
 POD_CONTROLLERS = ("Deployment", "StatefulSet")
 
-StopKind = Literal["scale", "annotation", "field"]
+StopKind = Literal["scale", "annotation", "field", "none"]
 Verb = Literal["get", "list", "watch", "patch", "update"]
 
 
@@ -135,6 +140,12 @@ class Actuator(_Model):
     )
     containers: list[str] = Field(default_factory=list, description="JSON pointers to container lists")
     container: list[str] = Field(default_factory=list, description="JSON pointers to single containers")
+    resources: list[str] = Field(
+        default_factory=list, description="JSON pointers to resource requirements ({limits, requests})"
+    )
+    requires: dict[str, str | bool | int] = Field(
+        default_factory=dict, description="JSON pointer -> the value it must have for the stop to apply"
+    )
     replicas: str | None = Field(
         None, description="JSON pointer of the replica count (`*`: summed over a list), when there is one"
     )
@@ -142,10 +153,10 @@ class Actuator(_Model):
     track: bool = Field(True, description="the Kyverno policy labels objects of this kind")
     note: str = ""
 
-    @field_validator("containers", "container", "field", "replicas")
+    @field_validator("containers", "container", "resources", "field", "replicas", "requires")
     @classmethod
     def _pointers(cls, v: Any) -> Any:
-        for p in v if isinstance(v, list) else [v] if v else []:
+        for p in v if isinstance(v, list | dict) else [v] if v else []:
             pointer_tokens(p)
         return v
 
@@ -160,6 +171,11 @@ class Actuator(_Model):
                 raise ValueError(f"{where}: stop field needs `field` (a JSON pointer) and `value`")
             if not self.field.startswith("/spec/"):
                 raise ValueError(f"{where}: `field` must be under /spec/ (got {self.field})")
+        elif self.stop == "none":
+            if self.annotation or self.field or self.value is not None or self.requires:
+                raise ValueError(
+                    f"{where}: stop none writes nothing: no `annotation`, `field`, `value`, `requires`"
+                )
         elif self.annotation or self.field:
             raise ValueError(f"{where}: stop scale takes no `annotation` or `field`")
         elif self.replicas and "*" in pointer_tokens(self.replicas):
@@ -182,6 +198,8 @@ class Actuator(_Model):
     @cached_property
     def writes(self) -> list[str]:
         """The JSON pointers the stop changes on the top object."""
+        if self.stop == "none":
+            return []
         if self.stop == "scale":
             return [self.replicas or "/spec/replicas"]
         if self.stop == "annotation":
@@ -192,6 +210,8 @@ class Actuator(_Model):
 
     def is_stopped(self, obj: Mapping[str, Any]) -> bool:
         """Whether `obj` is stopped the way this actuator stops it."""
+        if self.stop == "none":
+            return False
         if self.stop == "scale":
             got = get_pointer(obj, self.writes[0])
             return got is not _MISSING and got == 0
@@ -203,6 +223,10 @@ class Actuator(_Model):
             return self.value == NOW or ann[self.annotation] == self.value
         assert self.field is not None
         return get_pointer(obj, self.field) == self.value
+
+    def can_stop(self, obj: Mapping[str, Any]) -> bool:
+        """Whether the stop applies to `obj`: the kind has one and `obj` meets its `requires`."""
+        return self.stop != "none" and all(get_pointer(obj, p) == v for p, v in self.requires.items())
 
     # --- the writes --------------------------------------------------------------------------------
 
@@ -259,13 +283,18 @@ class Actuator(_Model):
                 out.extend(c for c in lst or [] if isinstance(c, Mapping))
         for p in self.container:
             out.extend(c for c in expand(obj, p) if isinstance(c, Mapping))
+        for p in self.resources:  # bare requirements, seen as a container that asks for them
+            out.extend({"resources": r} for r in expand(obj, p) if isinstance(r, Mapping))
         return out
 
     # --- RBAC -------------------------------------------------------------------------------------
 
     def rbac_rules(self) -> list[dict[str, Any]]:
         """What the controller needs in an opted-in namespace: read and patch the object (verdict
-        annotations, the record, annotation/field stops); the scale subresource for `scale`."""
+        annotations, the record, annotation/field stops); the scale subresource for `scale`; nothing
+        for `none`, which is never written."""
+        if self.stop == "none":
+            return []
         rules = [{"apiGroups": [self.group], "resources": [self.plural], "verbs": ["get", "patch"]}]
         if self.stop == "scale":
             rules.append(
@@ -280,6 +309,8 @@ def describe_stop(a: Actuator) -> str:
         return f"annotation {a.annotation}={a.value}"
     if a.stop == "field":
         return f"{a.field}={a.value}"
+    if a.stop == "none":
+        return "no stop its controller honours"
     return "scale to 0"
 
 
@@ -319,6 +350,41 @@ def builtin_actuators() -> list[Actuator]:
         a(group="apps.nvidia.com", version="v1alpha1", kind="NIMService", plural="nimservices",
           stop="field", field="/spec/replicas", value=0, restore_value=1, container=["/spec"],
           replicas="/spec/replicas", base_risk=0.15),
+        a(group="ray.io", version="v1", kind="RayJob", plural="rayjobs", stop="field",
+          field="/spec/suspend", value=True, restore_value=False, base_risk=0.3,
+          requires={"/spec/shutdownAfterJobFinishes": True},
+          replicas="/spec/rayClusterSpec/workerGroupSpecs/*/replicas",
+          containers=["/spec/rayClusterSpec/headGroupSpec/template/spec/containers",
+                      "/spec/rayClusterSpec/workerGroupSpecs/*/template/spec/containers"],
+          note="KubeRay deletes the RayJob's RayCluster and submitter and submits the job again from "
+               "the start on resume; it fails a suspended RayJob without shutdownAfterJobFinishes"),
+        a(group="ray.io", version="v1", kind="RayService", plural="rayservices", stop="none",
+          replicas="/spec/rayClusterConfig/workerGroupSpecs/*/replicas",
+          containers=["/spec/rayClusterConfig/headGroupSpec/template/spec/containers",
+                      "/spec/rayClusterConfig/workerGroupSpecs/*/template/spec/containers"],
+          note="KubeRay has no stop for a RayService: tracked, counted and escalated"),
+        a(group="jobset.x-k8s.io", version="v1alpha2", kind="JobSet", plural="jobsets", stop="field",
+          field="/spec/suspend", value=True, restore_value=False, base_risk=0.15,
+          replicas="/spec/replicatedJobs/*/replicas",
+          containers=["/spec/replicatedJobs/*/template/spec/template/spec/containers",
+                      "/spec/replicatedJobs/*/template/spec/template/spec/initContainers"],
+          note="the JobSet controller suspends its Jobs (their pods go) and resumes them"),
+        a(group="trainer.kubeflow.org", version="v1alpha1", kind="TrainJob", plural="trainjobs",
+          stop="field", field="/spec/suspend", value=True, restore_value=False, base_risk=0.15,
+          replicas="/spec/trainer/numNodes", resources=["/spec/trainer/resourcesPerNode"],
+          note="Kubeflow Trainer v2 suspends the TrainJob's JobSet; the GPU may also live in its runtime"),
+        a(group="kubeflow.org", version="v1", kind="PyTorchJob", plural="pytorchjobs", stop="field",
+          field="/spec/runPolicy/suspend", value=True, restore_value=False, base_risk=0.15,
+          replicas="/spec/pytorchReplicaSpecs/Worker/replicas",
+          containers=["/spec/pytorchReplicaSpecs/Master/template/spec/containers",
+                      "/spec/pytorchReplicaSpecs/Worker/template/spec/containers"],
+          note="the Training Operator deletes a suspended job's pods and services"),
+        a(group="serving.kserve.io", version="v1alpha2", kind="LLMInferenceService",
+          plural="llminferenceservices", stop="annotation", annotation="serving.kserve.io/stop",
+          value="true", base_risk=0.3, replicas="/spec/replicas",
+          containers=["/spec/template/containers", "/spec/worker/containers",
+                      "/spec/prefill/template/containers", "/spec/prefill/worker/containers"],
+          note="KServe deletes the workloads of a stopped LLMInferenceService (restore re-creates them)"),
         a(group="keda.sh", version="v1alpha1", kind="ScaledObject", plural="scaledobjects",
           stop="annotation", annotation="autoscaling.keda.sh/paused-replicas", value="0",
           base_risk=0.15, track=False,
@@ -366,7 +432,7 @@ class ActuatorTable:
         ]
 
     def tracked(self) -> list[Actuator]:
-        return [a for a in self.managers if a.track and (a.containers or a.container)]
+        return [a for a in self.managers if a.track and (a.containers or a.container or a.resources)]
 
 
 _TABLES: dict[int, tuple[Sequence[Actuator], ActuatorTable]] = {}
@@ -416,4 +482,6 @@ def gpu_cel(a: Actuator, resources_cel: str) -> str:
     )
     parts = [_cel_for(p, gpu, single=False) for p in a.containers]
     parts += [_cel_for(p, gpu, single=True) for p in a.container]
+    bare = f"{resources_cel}.exists(r, r in c.?limits.orValue({{}}) || r in c.?requests.orValue({{}}))"
+    parts += [_cel_for(p, bare, single=True) for p in a.resources]
     return " || ".join(parts) if parts else "false"

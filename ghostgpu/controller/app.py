@@ -180,6 +180,7 @@ class Informers:
             pods=pods,
             nodes=nodes,
             top_of=res.top_of,
+            holder_of=res.holder_of,
         )
 
 

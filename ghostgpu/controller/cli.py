@@ -7,6 +7,7 @@ import asyncio
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import typer
 
@@ -97,12 +98,25 @@ def status(
     config: Path | None = ConfigOpt,
     kubeconfig: str | None = KubeconfigOpt,
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
+    by: str = typer.Option(
+        "flavor",
+        "--by",
+        help="flavor: the accounting gap per flavor; owner: GPUs outside Kueue by top owner kind.",
+    ),
 ) -> None:
     """The accounting gap per GPU flavor: allocatable, admitted by Kueue, held outside Kueue by
-    verdict, truly free, and what Kueue believes is free."""
+    verdict, truly free, and what Kueue believes is free. `--by owner`: the top owner kinds holding
+    GPUs outside Kueue, and whether ghostgpu can act on them (a kind it cannot is one to add an
+    actuator row for)."""
     from ghostgpu.controller.app import load_any_config
     from ghostgpu.controller.ops import status as get_status
 
+    if by not in ("flavor", "owner"):
+        typer.echo(f"ghostgpu status: --by {by!r}: expected 'flavor' or 'owner'", err=True)
+        raise typer.Exit(2)
+    if by == "owner":
+        _status_by_owner(load_any_config(config), kubeconfig, as_json)
+        return
     accounts = asyncio.run(get_status(load_any_config(config), kubeconfig=kubeconfig))
     if as_json:
         typer.echo(json.dumps([a.as_dict() for a in accounts], indent=2, sort_keys=True))
@@ -112,8 +126,9 @@ def status(
 
     table = Table(
         title="GPU accounting gap (ghostgpu status)",
-        caption="alloc: node allocatable · admitted: Kueue flavorsUsage · outside: held by tracked "
-        "workloads outside Kueue · reserved: of those, reserved in Kueue by placeholder Workloads "
+        caption="alloc: node allocatable · admitted: Kueue flavorsUsage · outside: held outside Kueue "
+        "in opted-in namespaces, by verdict (UNTRACKED_OWNER: GPU pods no tracked workload owns; "
+        "counted, never acted on) · reserved: of those, reserved in Kueue by placeholder Workloads "
         "(controller.reservation; admitted includes them) · free: truly free · Kueue free: nominal "
         "quota - admitted",
     )
@@ -133,6 +148,28 @@ def status(
             f"{a.kueue_believes_free:g}",
             f"{a.gap:g}",
         )
+    Console().print(table)
+
+
+def _status_by_owner(loaded: Any, kubeconfig: str | None, as_json: bool) -> None:
+    from ghostgpu.controller.ops import status_by_owner
+
+    rows = asyncio.run(status_by_owner(loaded, kubeconfig=kubeconfig))
+    if as_json:
+        typer.echo(json.dumps([r.as_dict() for r in rows], indent=2, sort_keys=True))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(
+        title="GPUs outside Kueue by owner kind (ghostgpu status --by owner)",
+        caption="kind: the top of the pods' controller chain · acts: ghostgpu can stop it (no: "
+        "counted and reserved only; add a row under controller.actuators)",
+    )
+    for col in ("kind", "acts", "holders", "GPUs"):
+        table.add_column(col, justify="left" if col == "kind" else "right", no_wrap=True)
+    for r in rows:
+        table.add_row(r.kind, "yes" if r.acts else "no", str(r.holders), f"{r.gpus:g}")
     Console().print(table)
 
 

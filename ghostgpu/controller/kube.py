@@ -41,6 +41,7 @@ PODS = ResourceType("v1", "pods", kind="Pod")
 NODES = ResourceType("v1", "nodes", namespaced=False, kind="Node")
 DEPLOYMENTS = ResourceType("apps/v1", "deployments", kind="Deployment")
 STATEFULSETS = ResourceType("apps/v1", "statefulsets", kind="StatefulSet")
+JOBS = ResourceType("batch/v1", "jobs", kind="Job")  # read only: the owner chain Pod -> Job -> JobSet
 CLUSTERQUEUES = ResourceType("kueue.x-k8s.io/v1beta2", "clusterqueues", namespaced=False, kind="ClusterQueue")
 LEASES = ResourceType("coordination.k8s.io/v1", "leases", kind="Lease")
 CONFIGMAPS = ResourceType("v1", "configmaps", kind="ConfigMap")

@@ -1,20 +1,23 @@
 """Managers: every GPU pod's workload is the top of its controller chain (DESIGN §4a).
 
-Pod -> ReplicaSet -> Deployment -> InferenceService/NIMService, Pod -> StatefulSet -> Notebook/
-Workspace/LeaderWorkerSet, Pod -> RayCluster, then a KEDA ScaledObject that targets the top
+Pod -> ReplicaSet -> Deployment -> InferenceService/NIMService/LLMInferenceService, Pod ->
+StatefulSet -> Notebook/Workspace/LeaderWorkerSet, Pod -> RayCluster -> RayJob/RayService, Pod ->
+Job -> JobSet -> TrainJob, Pod -> PyTorchJob, then a KEDA ScaledObject that targets the top
 Deployment/StatefulSet. The verdict is taken on that top object as one workload over all its GPU
 pods, and a reclaim acts on it through its actuator (actuators.py).
 
 Everything comes from watch caches, nothing is fetched per pod:
-- `owners`: every Deployment and StatefulSet (tracked or not: the Notebook controller strips the
-  labels it did not generate from its StatefulSet), reduced to its controller ownerReference;
+- `owners`: every Deployment, StatefulSet and batch Job (tracked or not: the Notebook controller
+  strips the labels it did not generate from its StatefulSet), reduced to its controller
+  ownerReference;
 - one cache per manager kind of the actuator table (all objects of the kind, as Workloads);
 - ScaledObjects by target.
 A ReplicaSet is known by its name (`<deployment>-<pod-template-hash>`, as before), so ReplicaSets
 are not watched. Each pod's immediate owner is resolved once per poll (memoised): O(1) per pod.
 
 A controller owner of a kind with no actuator stops the walk: the workload is that owner, judged
-over its pods, never written (`Workload.no_actuator`), and its reclaim is escalated once.
+over its pods, never written (`Workload.no_actuator`), and its reclaim is escalated once; so is a
+manager of a `stop: none` row (RayService) or one its stop's `requires` rules out.
 """
 
 from __future__ import annotations
@@ -40,12 +43,15 @@ from ghostgpu.controller.inventory import (
     parse_time,
     slim_raw,
 )
-from ghostgpu.controller.kube import RESOURCE_OF_KIND, Reflector, ResourceType, status_of
+from ghostgpu.controller.kube import JOBS, RESOURCE_OF_KIND, Reflector, ResourceType, status_of
 from ghostgpu.controller.packing import pack
 
 log = logging.getLogger("ghostgpu.controller.managers")
 
 MAX_DEPTH = 8  # ownerReference chains are short; a cycle (a broken object) must not loop
+# Kinds whose objects are cached reduced to their controller owner: the Deployments and StatefulSets
+# (tracked or not) and batch Jobs, which JobSets own (Pod -> Job -> JobSet -> TrainJob).
+OWNER_INDEXED = (*POD_CONTROLLERS, "Job")
 KEDA_SCALED_OBJECT = "ScaledObject"
 
 
@@ -84,6 +90,8 @@ def manager_workload(a: Actuator, obj: Mapping[str, Any], is_gpu: GpuPredicate) 
         gpus_per_pod=gpus,
         raw_packed=pack(slim_raw(obj)),
         owner=controller_owner(meta),
+        # A kind with no stop, or an object its stop does not apply to: judged, never written.
+        no_actuator=not a.can_stop(obj),
     )
 
 
@@ -121,6 +129,8 @@ class Resolution:
 
     workloads: dict[WorkloadRef, Workload]
     _chain_top: dict[tuple[str, str, str], WorkloadRef | None] = field(default_factory=dict)
+    # (kind, ns, name) -> its controller owner, as the caches know it (Resolver.resolve's walk).
+    _parent: Callable[[str, str, str], OwnerRef | None] | None = None
 
     def top_of(self, pod: PodView) -> WorkloadRef | None:
         if pod.owner_kind is None:
@@ -133,6 +143,25 @@ class Resolution:
         else:
             start = (pod.owner_kind, pod.namespace, pod.owner_name or "")
         return self._chain_top.get(start)
+
+    def holder_of(self, pod: PodView) -> WorkloadRef:
+        """The top of the pod's controller chain as far as the caches see it, tracked or not: who
+        holds the GPUs of a pod no workload accounts for (books/untracked.py). A kind nobody
+        watches (a Job, an operator with no row) ends the walk and is named as the holder."""
+        if pod.owner_kind is None:
+            return WorkloadRef("Pod", pod.namespace, pod.name)
+        kind, name = pod.owner_kind, pod.owner_name or ""
+        if kind == "ReplicaSet":
+            dep = owner_workload(pod)
+            if dep is None:
+                return WorkloadRef(kind, pod.namespace, name)
+            kind, name = dep.kind, dep.name
+        for _ in range(MAX_DEPTH):
+            owner = self._parent(kind, pod.namespace, name) if self._parent is not None else None
+            if owner is None or owner.kind == "ReplicaSet":
+                break
+            kind, name = owner.kind, owner.name
+        return WorkloadRef(kind, pod.namespace, name)
 
 
 class Resolver:
@@ -150,7 +179,7 @@ class Resolver:
         pod_owner: Callable[[str, str], OwnerRef | None] | None = None,
     ) -> Resolution:
         """`tracked`: labelled Deployments/StatefulSets/bare Pods; `owners`: (kind, ns, name) ->
-        controller owner of every Deployment/StatefulSet; `managers`: every object of the table's
+        controller owner of every Deployment/StatefulSet/Job; `managers`: every object of the table's
         manager kinds (ScaledObjects included); `pod_owner`: (ns, name) -> a pod's controller owner
         (a LeaderWorkerSet's worker StatefulSet is owned by its leader Pod)."""
         by_target: dict[tuple[str, str, str], WorkloadRef] = {}
@@ -169,8 +198,12 @@ class Resolver:
                 return wl.owner if wl is not None else owners.get((kind, ns, name))
             if kind == "Pod":
                 return pod_owner(ns, name) if pod_owner is not None else None
+            if kind == "Job":
+                return owners.get((kind, ns, name))
             mgr = managers.get(WorkloadRef(kind, ns, name))
             return mgr.owner if mgr is not None else None
+
+        res._parent = parent
 
         def top(kind: str, ns: str, name: str) -> WorkloadRef | None:
             key = (kind, ns, name)
@@ -310,7 +343,8 @@ class ManagerInformers:
         def owner_of(o: dict[str, Any]) -> OwnerRef | None:
             return controller_owner(o.get("metadata") or {})
 
-        self.owners = [Reflector(api, RESOURCE_OF_KIND[k], transform=owner_of) for k in POD_CONTROLLERS]
+        kinds = {**RESOURCE_OF_KIND, "Job": JOBS}
+        self.owners = [Reflector(api, kinds[k], transform=owner_of) for k in OWNER_INDEXED]
         self.managers = [
             OptionalReflector(api, resource_type(a), transform=lambda o, a=a: manager_workload(a, o, is_gpu))
             for a in table.managers
@@ -327,7 +361,7 @@ class ManagerInformers:
         pod_owner: Callable[[str, str], OwnerRef | None] | None = None,
     ) -> Resolution:
         owners: dict[tuple[str, str, str], OwnerRef | None] = {}
-        for kind, r in zip(POD_CONTROLLERS, self.owners, strict=True):
+        for kind, r in zip(OWNER_INDEXED, self.owners, strict=True):
             for (ns, name), owner in r.store.items():
                 if owner is not None:
                     owners[(kind, ns, name)] = owner

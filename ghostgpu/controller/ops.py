@@ -24,6 +24,7 @@ from ghostgpu.controller.inventory import (
 from ghostgpu.controller.kube import (
     CLUSTERQUEUES,
     DEPLOYMENTS,
+    JOBS,
     NAMESPACES,
     NODES,
     PODS,
@@ -205,19 +206,39 @@ async def _restore_from_ledger(
 
 async def status(loaded: LoadedConfig, *, kubeconfig: str | None = None) -> list[FlavorAccount]:
     """The accounting gap from the cluster as it is now (verdicts from the workloads' annotations)."""
+    cluster, flavors, snap, cqs = await _status_snapshot(loaded, kubeconfig)
+    accounts = accounting_from(flavors, snap, cqs)
+    await _fill_reservations(cluster, loaded, flavors, snap, cqs, accounts)
+    return accounts
+
+
+async def status_by_owner(loaded: LoadedConfig, *, kubeconfig: str | None = None) -> list[Any]:
+    """GPUs held outside Kueue by top owner kind (books/owners.py)."""
+    from ghostgpu.controller.books.books import opted_in_pods_of
+    from ghostgpu.controller.books.owners import by_owner_kind
+
+    _, _, snap, _ = await _status_snapshot(loaded, kubeconfig)
+    return by_owner_kind(snap, opted_in_pods_of(snap))
+
+
+async def _status_snapshot(
+    loaded: LoadedConfig, kubeconfig: str | None
+) -> tuple[Cluster, list[FlavorSpec], Snapshot, list[Any]]:
+    """The cluster as the controller's caches would show it: one list per kind."""
     api = await _kube_api(kubeconfig)
     cluster = Cluster(api, instance="ghostgpu-status")
     is_gpu = gpu_predicate([f.resource for f in loaded.flavors or []])
     flavors: list[FlavorSpec] = loaded.flavors or await discover_flavors(cluster, is_gpu)
     tracked: dict[WorkloadRef, Any] = {}
-    chain: dict[tuple[str, str, str], OwnerRef | None] = {}  # Deployment/StatefulSet -> its owner
-    for kind, rt in (("Deployment", DEPLOYMENTS), ("StatefulSet", STATEFULSETS), ("Pod", PODS)):
+    chain: dict[tuple[str, str, str], OwnerRef | None] = {}  # Deployment/StatefulSet/Job -> its owner
+    listed = (("Deployment", DEPLOYMENTS), ("StatefulSet", STATEFULSETS), ("Job", JOBS), ("Pod", PODS))
+    for kind, rt in listed:
         for obj in await cluster.list(rt):
             meta = obj.get("metadata") or {}
             if kind != "Pod":
                 chain[(kind, meta.get("namespace", ""), meta.get("name", ""))] = controller_owner(meta)
             labels = (obj.get("metadata") or {}).get("labels") or {}
-            if labels.get(keys.TRACKED_LABEL) != "true":
+            if kind == "Job" or labels.get(keys.TRACKED_LABEL) != "true":
                 continue
             owners = (obj.get("metadata") or {}).get("ownerReferences") or []
             if kind == "Pod" and any(o.get("controller") for o in owners):
@@ -255,10 +276,15 @@ async def status(loaded: LoadedConfig, *, kubeconfig: str | None = None) -> list
         return OwnerRef(v.owner_kind, v.owner_name or "", "", "") if v and v.owner_kind else None
 
     res = Resolver(table).resolve(tracked, chain, managers, pods, pod_owner)
-    snap = Snapshot(namespaces=namespaces, workloads=res.workloads, pods=pods, nodes=nodes, top_of=res.top_of)
-    accounts = accounting_from(flavors, snap, cqs)
-    await _fill_reservations(cluster, loaded, flavors, snap, cqs, accounts)
-    return accounts
+    snap = Snapshot(
+        namespaces=namespaces,
+        workloads=res.workloads,
+        pods=pods,
+        nodes=nodes,
+        top_of=res.top_of,
+        holder_of=res.holder_of,
+    )
+    return cluster, flavors, snap, cqs
 
 
 async def _fill_reservations(

@@ -28,6 +28,9 @@ class Snapshot:
     # A pod -> its workload at the top of its owner chain (managers.Resolution.top_of); None:
     # Deployment/StatefulSet/bare Pod only (inventory.owner_workload).
     top_of: Callable[[PodView], WorkloadRef | None] | None = None
+    # A pod -> the top of its controller chain as the caches see it, tracked or not
+    # (managers.Resolution.holder_of): names the holder of GPUs no workload accounts for.
+    holder_of: Callable[[PodView], WorkloadRef] | None = None
 
     def opted_in(self) -> set[str]:
         return {ns for ns, labels in self.namespaces.items() if namespace_opted_in(labels)}

@@ -122,7 +122,11 @@ class Toolchain:
             argocd_crd_dir=r / f"argocd-{v['ARGOCD_VERSION']}" / "crds",
             flux_crd_dir=r / f"flux-kustomize-{v['FLUX_KUSTOMIZE_VERSION']}" / "crds",
             owner_crd_dir=r
-            / f"owner-crds-lws-{v['LWS_VERSION']}-kserve-{v['KSERVE_VERSION']}-keda-{v['KEDA_VERSION']}"
+            / (
+                f"owner-crds-lws-{v['LWS_VERSION']}-kserve-{v['KSERVE_VERSION']}-keda-{v['KEDA_VERSION']}"
+                f"-jobset-{v['JOBSET_VERSION']}-trainer-{v['TRAINER_VERSION']}"
+                f"-training-operator-{v['TRAINING_OPERATOR_VERSION']}"
+            )
             / "crds",
             kubelet=r / f"kubelet-{v['KUBERNETES_VERSION']}" / "bin" / "kubelet",
             containerd=runtime / "containerd",

@@ -53,7 +53,7 @@ from ghostgpu.controller.managers import manager_workload, register_kinds
 from ghostgpu.controller.metrics import ControllerMetrics
 from ghostgpu.controller.reconciler import Reconciler
 from ghostgpu.devcluster import DevCluster, FakeDcgmClient, ProcessTables
-from ghostgpu.devcluster.paths import cache_root, read_versions
+from ghostgpu.devcluster.paths import Toolchain, cache_root, read_versions
 from ghostgpu.verdict import Rule, Verdict, VerdictKind
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(600)]
@@ -427,7 +427,8 @@ GPU_POD = {
     "containers": [{"name": "main", "image": "gpu:1", "resources": GPU}],
 }
 # Where each manager kind's CRD comes from: the project's own (hack/testbin owner-crds, kuberay),
-# else a test double (tests/doubles/README.md). The devcluster installs the owner-crds ones.
+# else a test double (tests/doubles/README.md). The devcluster installs the owner-crds ones; the
+# owner-crds-extra ones (JobSet, TrainJob, PyTorchJob, LLMInferenceService) are installed here.
 CRD_SOURCE = {
     "RayCluster": "kuberay",
     "LeaderWorkerSet": "owner-crds",
@@ -436,7 +437,14 @@ CRD_SOURCE = {
     "Notebook": "double",
     "Workspace": "double",
     "NIMService": "double",
+    "RayJob": "kuberay",
+    "JobSet": "owner-crds-extra",
+    "TrainJob": "owner-crds-extra",
+    "PyTorchJob": "owner-crds-extra",
+    "LLMInferenceService": "owner-crds-extra",
 }
+# Tracked and counted, but no stop its controller honours: never written (stop: none).
+NO_STOP_KINDS = {"RayService": "kuberay"}
 
 
 def manager_object(kind: str, name: str, ns: str) -> dict[str, Any]:
@@ -460,6 +468,27 @@ def manager_object(kind: str, name: str, ns: str) -> dict[str, Any]:
     elif kind == "ScaledObject":  # KEDA's target is tracked; the ScaledObject carries the stop
         trigger = {"type": "cpu", "metricType": "Utilization", "metadata": {"value": "50"}}
         spec = {"scaleTargetRef": {"name": f"{name}-target"}, "minReplicaCount": 1, "triggers": [trigger]}
+    elif kind == "RayJob":  # managedBy: KubeRay (running for the RayCluster test) leaves it alone
+        spec = {"entrypoint": "python train.py", "shutdownAfterJobFinishes": True,
+                "managedBy": "kueue.x-k8s.io/multikueue",
+                "rayClusterSpec": raycluster(name, ns, workers=1)["spec"]}  # fmt: skip
+    elif kind == "RayService":
+        spec = {"rayClusterConfig": raycluster(name, ns, workers=1)["spec"]}
+    elif kind == "JobSet":
+        pod_spec = {**GPU_POD, "restartPolicy": "Never"}
+        job = {"parallelism": 2, "completions": 2, "template": {"spec": pod_spec}}
+        spec = {"replicatedJobs": [{"name": "workers", "replicas": 1, "template": {"spec": job}}]}
+    elif kind == "TrainJob":
+        spec = {"runtimeRef": {"name": "torch-distributed"},
+                "trainer": {"image": "pytorch:2", "numNodes": 2, "resourcesPerNode": GPU}}  # fmt: skip
+    elif kind == "PyTorchJob":
+        template = {"spec": {**GPU_POD, "containers": [{**GPU_POD["containers"][0], "name": "pytorch"}]}}
+        spec = {"pytorchReplicaSpecs": {
+            "Master": {"replicas": 1, "restartPolicy": "OnFailure", "template": template},
+            "Worker": {"replicas": 2, "restartPolicy": "OnFailure", "template": template}}}  # fmt: skip
+    elif kind == "LLMInferenceService":
+        spec = {"model": {"uri": "hf://Qwen/Qwen2.5-7B-Instruct"}, "replicas": 2,
+                "template": {"containers": [{"name": "main", "resources": GPU}]}}  # fmt: skip
     else:
         raise AssertionError(f"no example object for {kind}")
     return {"apiVersion": a.api_version, "kind": kind, "metadata": meta, "spec": spec}
@@ -468,7 +497,7 @@ def manager_object(kind: str, name: str, ns: str) -> dict[str, Any]:
 def install_crd_of(dc: DevCluster, kind: str) -> None:
     """The CRD of `kind` (skips when hack/testbin has not built it); the owner-crds ones come
     with the devcluster."""
-    source = CRD_SOURCE[kind]
+    source = CRD_SOURCE.get(kind) or NO_STOP_KINDS[kind]
     a = ActuatorTable().by_kind[kind]
     if source == "kuberay":
         d = kuberay_dir() / "crds"
@@ -477,6 +506,12 @@ def install_crd_of(dc: DevCluster, kind: str) -> None:
         apply_crds(dc, sorted(d.glob("*.yaml")))
     elif source == "double":
         apply_crds(dc, [DOUBLES / f"{a.plural}.{a.group}.yaml"])
+    elif source == "owner-crds-extra":  # real, from their modules: installed here, not at start
+        d = Toolchain.locate().owner_crd_dir.parent / "extra"
+        files = [f for f in sorted(d.glob("*.yaml")) if f.name.startswith(f"{a.group}_{a.plural}.")]
+        if not files:
+            pytest.skip(f"{kind}'s CRD not fetched (run hack/testbin owner-crds): {d}")
+        apply_crds(dc, files)
     apiext = client.ApiextensionsV1Api(dc.kube.api_client)
     crd = apiext.read_custom_resource_definition(f"{a.plural}.{a.group}")
     is_double = (crd.metadata.labels or {}).get("ghostgpu.io/test-double") == "true"
@@ -572,6 +607,39 @@ async def test_every_manager_actuator_stops_and_restores_exactly_against_its_crd
         expected = deep_merge(expected, merge_patch_for(a.writes[0], a.restore_value))
     assert user_view(after) == expected, "restore puts the object back exactly"
     assert not [k for k in after["metadata"].get("annotations") or {} if k.startswith("ghostgpu.io/")]
+
+
+NEW_OWNER_KINDS = ["JobSet", "LLMInferenceService", "PyTorchJob", "RayJob", "RayService", "TrainJob"]
+
+
+@pytest.mark.parametrize("kind", NEW_OWNER_KINDS)
+def test_the_real_kyverno_tracks_each_batch_and_serving_owner_at_its_top(
+    kind: str, applied_bundles: dict[str, list[str]], devcluster: DevCluster, opted_in: str
+) -> None:
+    """The rendered tracking policy, on the real Kyverno, labels the object where the kind keeps
+    its GPU request (a TrainJob's trainer.resourcesPerNode, a RayJob's rayClusterSpec, ...)."""
+    assert not any(applied_bundles.values()), applied_bundles
+    install_crd_of(devcluster, kind)
+    apply_tracked(devcluster, manager_object(kind, f"{kind.lower()}-t", opted_in))
+    assert (get_object(devcluster, kind, opted_in, f"{kind.lower()}-t")["metadata"].get("labels") or {}).get(
+        TRACKED
+    ) == "true"
+
+
+async def test_a_kind_with_no_stop_is_never_written(
+    devcluster: DevCluster, make_namespace: Callable[..., str], tmp_path: Path
+) -> None:
+    """RayService: the controller's own stop path refuses it and writes nothing."""
+    install_crd_of(devcluster, "RayService")
+    ns, name = make_namespace(prefix="act"), "rayservice-1"
+    devcluster.kube.apply(manager_object("RayService", name, ns))
+    before = get_object(devcluster, "RayService", ns, name)
+    assert manager_workload(ActuatorTable().by_kind["RayService"], before, gpu_predicate([])).no_actuator
+    actor = await Actor.start(devcluster, tmp_path)
+    assert await actor.stop(before) == "unstoppable"
+    after = get_object(devcluster, "RayService", ns, name)
+    assert after["metadata"]["resourceVersion"] == before["metadata"]["resourceVersion"]
+    assert events(devcluster, ns, name, "Reclaimed") == 0
 
 
 # --- faults during an owner's stop: a real 409, the owner deleted mid-action ----------------------

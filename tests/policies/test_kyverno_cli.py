@@ -61,7 +61,11 @@ def real_crds() -> dict[str, Path]:
     """CRD file name (as the doubles are named, `<plural>.<group>.yaml`) -> the project's own CRD,
     for every one hack/testbin has (owner-crds, kuberay)."""
     tools = Toolchain.locate()
-    dirs = [tools.owner_crd_dir, cache_root() / f"kuberay-{read_versions()['KUBERAY_VERSION']}" / "crds"]
+    dirs = [
+        tools.owner_crd_dir,
+        tools.owner_crd_dir.parent / "extra",
+        cache_root() / f"kuberay-{read_versions()['KUBERAY_VERSION']}" / "crds",
+    ]
     out = {}
     for d in dirs:
         for f in sorted(d.glob("*.yaml")) if d.exists() else []:

@@ -25,7 +25,9 @@ from ghostgpu.actuators import (
     Actuator,
     ActuatorTable,
     builtin_actuators,
+    get_pointer,
     gpu_cel,
+    merge_patch_for,
 )
 from ghostgpu.config import ControllerConfig
 from ghostgpu.controller.act.stops import restore, stop
@@ -80,7 +82,33 @@ OBJECTS: dict[str, dict[str, Any]] = {
     "InferenceService": {"spec": {"predictor": {"model": {"modelFormat": {"name": "x"}, "resources": GPU}}}},
     "NIMService": {"spec": {"replicas": 2, "resources": GPU}},
     "ScaledObject": {"spec": {"scaleTargetRef": {"name": "web"}, "minReplicaCount": 0}},
-}
+    "RayJob": {
+        "spec": {
+            "entrypoint": "python train.py",
+            "shutdownAfterJobFinishes": True,
+            "rayClusterSpec": {
+                "headGroupSpec": {"template": {"spec": {"containers": [{"name": "head"}]}}},
+                "workerGroupSpecs": [{"groupName": "gpu", "replicas": 2, "template": TEMPLATE}],
+            },
+        }
+    },
+    "RayService": {
+        "spec": {
+            "rayClusterConfig": {
+                "headGroupSpec": {"template": {"spec": {"containers": [{"name": "head"}]}}},
+                "workerGroupSpecs": [{"groupName": "gpu", "replicas": 2, "template": TEMPLATE}],
+            }
+        }
+    },
+    "JobSet": {"spec": {"replicatedJobs": [
+        {"name": "w", "replicas": 2, "template": {"spec": {"template": TEMPLATE}}}]}},
+    "TrainJob": {"spec": {"runtimeRef": {"name": "torch"},
+                          "trainer": {"numNodes": 2, "resourcesPerNode": GPU}}},
+    "PyTorchJob": {"spec": {"pytorchReplicaSpecs": {"Master": {"replicas": 1, "template": TEMPLATE},
+                                                    "Worker": {"replicas": 2, "template": TEMPLATE}}}},
+    "LLMInferenceService": {"spec": {"model": {"uri": "hf://m"}, "replicas": 2,
+                                     "template": TEMPLATE["spec"]}},
+}  # fmt: skip
 
 
 def obj_of(kind: str, name: str = "w", **meta: Any) -> dict[str, Any]:
@@ -108,10 +136,19 @@ def test_writes_are_the_documented_pointers() -> None:
         "InferenceService": ["/metadata/annotations/serving.kserve.io~1stop"],
         "NIMService": ["/spec/replicas"],
         "ScaledObject": ["/metadata/annotations/autoscaling.keda.sh~1paused-replicas"],
+        "RayJob": ["/spec/suspend"],
+        "RayService": [],
+        "JobSet": ["/spec/suspend"],
+        "TrainJob": ["/spec/suspend"],
+        "PyTorchJob": ["/spec/runPolicy/suspend"],
+        "LLMInferenceService": ["/metadata/annotations/serving.kserve.io~1stop"],
     }
 
 
-@pytest.mark.parametrize("kind", [a.kind for a in builtin_actuators() if a.stop != "scale"])
+PATCH_KINDS = [a.kind for a in builtin_actuators() if a.stop in ("annotation", "field")]
+
+
+@pytest.mark.parametrize("kind", PATCH_KINDS)
 def test_stop_then_restore_is_exact_for_every_patch_actuator(kind: str) -> None:
     a = TABLE.by_kind[kind]
     before = obj_of(kind, annotations={"team": "x"})
@@ -124,10 +161,12 @@ def test_stop_then_restore_is_exact_for_every_patch_actuator(kind: str) -> None:
         assert stopped["metadata"]["annotations"]["kubeflow-resource-stopped"] == "2026-11-29T10:00:00Z"
     restored = merge(stopped, a.restore_patch(stopped))
     assert not a.is_stopped(restored)
-    if kind == "RayCluster" or kind == "Workspace":
+    if a.stop == "field" and a.restore_value is False:
         # absent before; restore writes the running value the controller reads as "not suspended"
-        assert restored["spec"][a.writes[0].rsplit("/", 1)[1]] is False
-        restored["spec"].pop(a.writes[0].rsplit("/", 1)[1])
+        assert get_pointer(restored, a.writes[0]) is False
+        restored = merge(restored, merge_patch_for(a.writes[0], None))
+        if kind == "PyTorchJob":  # the merge patch left the parent object it created
+            assert restored["spec"].pop("runPolicy") == {}
     assert restored == before
 
 
@@ -159,7 +198,8 @@ def test_scale_actuators_are_stopped_at_zero(kind: str) -> None:
 
 def test_rbac_only_the_verbs_each_actuator_needs() -> None:
     rules = {(r["apiGroups"][0], tuple(r["resources"])): r["verbs"] for r in TABLE.rbac_rules()}
-    assert rules[("ray.io", ("rayclusters",))] == ["get", "patch"]  # a field stop: no scale
+    # field stops: no scale; RayService has no stop, so nothing of it is patched
+    assert rules[("ray.io", ("rayclusters", "rayjobs"))] == ["get", "patch"]
     assert rules[("leaderworkerset.x-k8s.io", ("leaderworkersets", "leaderworkersets/scale"))] == [
         "get",
         "patch",
@@ -416,7 +456,7 @@ class FakeApi:
         pass
 
 
-@pytest.mark.parametrize("kind", [a.kind for a in builtin_actuators() if a.stop != "scale"])
+@pytest.mark.parametrize("kind", PATCH_KINDS)
 async def test_stop_and_restore_through_the_api_for_every_patch_actuator(kind: str) -> None:
     a = TABLE.by_kind[kind]
     o = obj_of(kind)

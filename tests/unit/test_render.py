@@ -163,7 +163,7 @@ def test_every_gpu_resource_is_in_the_tracking_match_logic(custom_files: dict[st
     from ghostgpu.actuators import ActuatorTable
 
     # The manager kinds of the actuator table: once per container pointer of each.
-    managers = sum(len(a.containers) + len(a.container) for a in ActuatorTable().tracked())
+    managers = sum(len(a.containers) + len(a.container) + len(a.resources) for a in ActuatorTable().tracked())
     for resource in resources:
         # containers and initContainers of pod templates, limits and requests
         assert condition["expression"].count(f"'{resource}'") == 2 + managers
@@ -194,6 +194,7 @@ def test_tracking_policy_shape(default_files: dict[str, str]) -> None:
     assert {r for rule in rules for r in rule["resources"]} == {
         "pods", "deployments", "statefulsets",
         "inferenceservices", "leaderworkersets", "nimservices", "notebooks", "rayclusters",
+        "rayjobs", "rayservices", "jobsets", "trainjobs", "pytorchjobs", "llminferenceservices",
     }  # fmt: skip
     assert {"keda.sh", "ray.io"} & {g for rule in rules for g in rule["apiGroups"]} == {"ray.io"}
     assert admission["spec"]["matchConstraints"]["namespaceSelector"] == {

@@ -25,7 +25,8 @@ log = logging.getLogger("ghostgpu.controller")
 
 @dataclass(frozen=True)
 class StopOutcome:
-    # "stopped", "gone", "already-stopped", "exempt", "not-leader", "conflict", "blocked", or what
+    # "stopped", "gone", "already-stopped", "exempt", "unstoppable" (the stop's `requires` no longer
+    # hold: judged again, then escalated), "not-leader", "conflict", "blocked", or what
     # `before` answered (a revert mark, the GitOps pre-flight)
     outcome: str
     fresh: Mapping[str, Any] | None = None
@@ -58,6 +59,14 @@ async def read_for_write(
     return fresh, None
 
 
+def _not_to_stop(a: Actuator, fresh: Mapping[str, Any]) -> str | None:
+    if a.is_stopped(fresh):
+        return "already-stopped"  # someone (a person, the other replica) did
+    if not a.can_stop(fresh):  # changed since the cache saw it (a RayJob's shutdownAfterJobFinishes)
+        return "unstoppable"
+    return None
+
+
 async def stop(
     cluster: Any,
     ref: WorkloadRef,
@@ -72,7 +81,7 @@ async def stop(
         cluster,
         ref,
         is_leader=lambda: is_leader,
-        already=lambda o: "already-stopped" if a.is_stopped(o) else None,
+        already=lambda o: _not_to_stop(a, o),
     )
     if why_not is not None:
         return StopOutcome(why_not, fresh)

@@ -18,6 +18,7 @@ from ghostgpu.config import ControllerConfig
 from ghostgpu.controller import keys
 from ghostgpu.controller.books.accounting import FlavorAccount, FlavorSpec, account
 from ghostgpu.controller.books.decisions import DecisionLog
+from ghostgpu.controller.books.untracked import UNTRACKED_OWNER, untracked_holders
 from ghostgpu.controller.inventory import PodView, Workload, WorkloadRef, pods_by_workload
 from ghostgpu.controller.judge.judge import Row
 from ghostgpu.controller.judge.recorded import recorded, verdict_of
@@ -77,6 +78,12 @@ class Books:
                 ghosts[(ref.namespace, flavor, j.kind)] += gpus
                 if reclaimable:
                     self.metrics.gpu_hours_reclaimable.labels(ref.namespace, flavor).inc(gpus * hours)
+        # GPUs no workload accounts for are held as surely: in the totals, never reclaimable.
+        pods_of = result.pods_of if result.pods_of is not None else opted_in_pods_of(snap)
+        for holder, pods in untracked_holders(snap.pods, snap.namespaces, pods_of, snap.holder_of).items():
+            for pod in pods:
+                flavor = flavors_by_node.get(pod.node_name or "", "unknown")
+                ghosts[(holder.namespace, flavor, UNTRACKED_OWNER)] += sum(pod.gpu_requests.values())
         self.metrics.set_ghosts(ghosts)
         for ref, wl in self.records.marked(snap.workloads):  # only these hold GPUs free
             pods = self.recovered_pods(wl)
@@ -152,6 +159,13 @@ def outside_kueue_buckets(
     return out
 
 
+def opted_in_pods_of(snap: Snapshot) -> dict[WorkloadRef, list[PodView]]:
+    """The pods of each opted-in workload (what the observe room computes once per poll)."""
+    opted_in = snap.opted_in()
+    workloads = {ref: wl for ref, wl in snap.workloads.items() if ref.namespace in opted_in}
+    return pods_by_workload(workloads, snap.pods, snap.top_of)
+
+
 def accounting_from(
     flavors: Sequence[FlavorSpec],
     snap: Snapshot,
@@ -163,6 +177,9 @@ def accounting_from(
     opted_in = snap.opted_in()
     workloads = {ref: wl for ref, wl in snap.workloads.items() if ref.namespace in opted_in}
     if pods_of is None:
-        pods_of = pods_by_workload(workloads, snap.pods, snap.top_of)
+        pods_of = opted_in_pods_of(snap)
     buckets = outside_kueue_buckets(judged or {}, workloads, pods_of)
+    for pods in untracked_holders(snap.pods, snap.namespaces, pods_of, snap.holder_of).values():
+        for pod in pods:
+            buckets[(pod.namespace, pod.name)] = UNTRACKED_OWNER
     return account(flavors, snap.nodes, snap.pods, cluster_queues, buckets)

@@ -46,6 +46,7 @@ from typing import Any
 
 from ghostgpu.controller import keys
 from ghostgpu.controller.books.accounting import FlavorSpec, node_flavors_of
+from ghostgpu.controller.books.untracked import untracked_holders
 from ghostgpu.controller.inventory import PodView, Workload, WorkloadRef, namespace_opted_in
 from ghostgpu.controller.kube import ResourceType
 from ghostgpu.quantity import parse_quantity
@@ -145,6 +146,7 @@ def desired_reservations(
     cluster_queues: Mapping[str, Mapping[str, set[str]]],
     *,
     local_queue: str,
+    untracked: Mapping[WorkloadRef, Sequence[PodView]] | None = None,
 ) -> list[Reservation]:
     """What must be reserved now, sorted. A GPU counts when a tracked workload in an opted-in
     namespace with a team label holds it: its pod is scheduled and not finished (whatever its
@@ -153,13 +155,19 @@ def desired_reservations(
     and it is not Kueue's own pod. It counts in the ClusterQueue of the namespace's LocalQueue
     (`queues`), on the first flavor of that ClusterQueue whose node labels the pod's node carries;
     GPUs on nodes of no flavor of that ClusterQueue are not in its quota and reserve nothing.
+    `untracked`: holder -> GPU pods no tracked workload accounts for (untracked.untracked_holders,
+    Kueue's own pods left out already), reserved the same way under their holder's name.
     Fractional counts round up (a quota is counted in whole GPUs)."""
     node_flavor_names = {
         str((n.get("metadata") or {}).get("name", "")): [f for f in node_flavors_of(n, flavors)]
         for n in nodes
     }
-    totals: dict[tuple[str, str, str, str, str, str], float] = {}
+    held: list[tuple[WorkloadRef, Sequence[PodView]]] = []
     for ref, wl in workloads.items():
+        held.append((ref, [p for p in pods_of.get(ref, ()) if not kueue_owned(p, wl)]))
+    held.extend((untracked or {}).items())
+    totals: dict[tuple[str, str, str, str, str, str], float] = {}
+    for ref, pods in held:
         labels = namespaces.get(ref.namespace)
         if labels is None or not namespace_opted_in(labels):
             continue
@@ -168,8 +176,8 @@ def desired_reservations(
         if not team or cq is None:
             continue
         quota = cluster_queues.get(cq, {})
-        for pod in pods_of.get(ref, ()):
-            if not pod.holds_gpus or kueue_owned(pod, wl):
+        for pod in pods:
+            if not pod.holds_gpus:
                 continue
             for f in node_flavor_names.get(pod.node_name or "", []):
                 count = pod.gpu_requests.get(f.resource, 0.0)
@@ -411,8 +419,11 @@ def desired_from(
 
         opted = {ns for ns, labels in snap.namespaces.items() if namespace_opted_in(labels)}
         pods_of = pods_by_workload(
-            {ref: wl for ref, wl in snap.workloads.items() if ref.namespace in opted}, snap.pods
+            {ref: wl for ref, wl in snap.workloads.items() if ref.namespace in opted},
+            snap.pods,
+            getattr(snap, "top_of", None),
         )
+    untracked = untracked_holders(snap.pods, snap.namespaces, pods_of, getattr(snap, "holder_of", None))
     return desired_reservations(
         flavors,
         snap.namespaces,
@@ -422,6 +433,7 @@ def desired_from(
         queues_of(local_queues, local_queue),
         cq_flavors(cluster_queues),
         local_queue=local_queue,
+        untracked=untracked,
     )
 
 

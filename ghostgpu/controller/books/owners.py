@@ -1,0 +1,48 @@
+"""GPUs held outside Kueue by top owner kind (pure): which operators hold them, so a platform team
+sees which kinds to add an actuator row for (`ghostgpu status --by owner`)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from ghostgpu.controller.books.untracked import untracked_holders
+from ghostgpu.controller.inventory import PodView, WorkloadRef
+from ghostgpu.controller.poll import Snapshot
+
+
+@dataclass(frozen=True, slots=True)
+class OwnerKindRow:
+    kind: str  # the top owner's kind (Deployment, RayJob, Job, a kind with no row...)
+    acts: bool  # ghostgpu can stop this kind (an actuator row whose stop applies)
+    holders: int  # distinct top owners of this kind holding GPUs
+    gpus: float
+
+    def as_dict(self) -> dict[str, object]:
+        return {"kind": self.kind, "actionable": self.acts, "holders": self.holders, "gpus": self.gpus}
+
+
+def by_owner_kind(snap: Snapshot, pods_of: Mapping[WorkloadRef, Sequence[PodView]]) -> list[OwnerKindRow]:
+    """Every GPU held outside Kueue in opted-in namespaces by its top owner's kind, most GPUs
+    first: tracked workloads (acts unless judged with no actuator) and untracked holders (never)."""
+    opted = snap.opted_in()
+    gpus: dict[tuple[str, bool], float] = {}
+    holders: dict[tuple[str, bool], set[WorkloadRef]] = {}
+
+    def add(ref: WorkloadRef, acts: bool, pods: Sequence[PodView]) -> None:
+        n = sum(sum(p.gpu_requests.values()) for p in pods if p.holds_gpus)
+        if n:
+            gpus[(ref.kind, acts)] = gpus.get((ref.kind, acts), 0.0) + n
+            holders.setdefault((ref.kind, acts), set()).add(ref)
+
+    for ref, pods in pods_of.items():
+        wl = snap.workloads.get(ref)
+        if wl is not None and ref.namespace in opted:
+            add(ref, not wl.no_actuator, pods)
+    for ref, pods in untracked_holders(snap.pods, snap.namespaces, pods_of, snap.holder_of).items():
+        add(ref, False, pods)
+    rows = [OwnerKindRow(k, acts, len(holders[(k, acts)]), n) for (k, acts), n in gpus.items()]
+    return sorted(rows, key=lambda r: (-r.gpus, r.kind, r.acts))
+
+
+__all__ = ["OwnerKindRow", "by_owner_kind"]
