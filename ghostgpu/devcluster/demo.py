@@ -36,6 +36,7 @@ from ghostgpu.devcluster.fleet import (
     deployment,
     real_node_pod_spec,
     sh,
+    the_running_pod,
 )
 from ghostgpu.devcluster.paths import REPO_ROOT
 from ghostgpu.devcluster.realnode import REAL_NODE_GPUS, REAL_NODE_LABEL, REAL_NODE_TAINT
@@ -225,15 +226,7 @@ class Demo:
             kube.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns, "labels": OPT_IN}})
 
     def running_pod(self, w: Workload) -> str | None:
-        pods = self.core.list_namespaced_pod(w.namespace, label_selector=f"app={w.name}").items
-        ready = [
-            p.metadata.name
-            for p in pods
-            if p.status.phase == "Running"
-            and not p.metadata.deletion_timestamp
-            and all(cs.ready for cs in p.status.container_statuses or [])
-        ]
-        return ready[0] if len(ready) == 1 else None
+        return the_running_pod(self.core, w.namespace, w.name)
 
     def replicas(self, w: Workload) -> int:
         read = (

@@ -104,3 +104,17 @@ def deployment(
         "metadata": {"name": name, "namespace": ns, "labels": labels},
         "spec": workload,
     }
+
+
+def the_running_pod(core: Any, namespace: str, app: str) -> str | None:
+    """The name of the one pod labelled `app` that runs with every container ready (not being
+    deleted), or None while there is none or more than one (a rollout, a restart in progress)."""
+    pods = core.list_namespaced_pod(namespace, label_selector=f"app={app}").items
+    ready = [
+        p.metadata.name
+        for p in pods
+        if p.status.phase == "Running"
+        and not p.metadata.deletion_timestamp
+        and all(cs.ready for cs in p.status.container_statuses or [])
+    ]
+    return ready[0] if len(ready) == 1 else None

@@ -43,6 +43,7 @@ from ghostgpu.devcluster.fleet import (
     RealShape,
     deployment,
     sh,
+    the_running_pod,
 )
 from ghostgpu.devcluster.realnode import REAL_NODE_TAINT
 from ghostgpu.signals.podexec import ExecResult, KubeExec, PodRef
@@ -191,15 +192,7 @@ class Fleet:
         return client.AppsV1Api(self.cluster.kube.api_client)
 
     def running_pod(self, shape: RealShape) -> str | None:
-        pods = self.core.list_namespaced_pod(self.ns, label_selector=f"app={shape.name}").items
-        ready = [
-            p.metadata.name
-            for p in pods
-            if p.status.phase == "Running"
-            and not p.metadata.deletion_timestamp
-            and all(cs.ready for cs in p.status.container_statuses or [])
-        ]
-        return ready[0] if len(ready) == 1 else None
+        return the_running_pod(self.core, self.ns, shape.name)
 
     def status_of(self, shape: RealShape, name: str) -> Any:
         pod = self.core.read_namespaced_pod(self.pods[shape.name], self.ns)
