@@ -296,7 +296,7 @@ class _Starter:
         ]
         names += ["dcgm", "prometheus"]
         names += ["kubelet", "kubelet_healthz", "cri_stream"] if real_node else []
-        self.ports = {n: procs.free_port() for n in names}
+        self.ports = dict(zip(names, procs.free_ports(len(names)), strict=True))
         self.kubeconfig = state_dir / "kubeconfig"
         self.state = ClusterState(
             state_dir=str(state_dir),

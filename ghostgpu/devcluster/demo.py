@@ -108,6 +108,9 @@ def controller_config(dest: Path, prometheus_url: str, mode: str) -> Path:
     cfg = yaml.safe_load((REPO_ROOT / "examples" / "ghostgpu.yaml").read_text())
     cfg["controller"].update(
         mode=mode,
+        # The processes come from exec'd `ps` here: the demo runs no node agent (whose DaemonSet the
+        # example's agent mode renders), and without one every idle workload would stay UNKNOWN.
+        processSource="exec",
         leaseName=f"ghostgpu-demo-{uuid.uuid4().hex[:6]}",
         pollInterval="2s",
         window=3,

@@ -5,10 +5,14 @@ the kernel has since handed to an unrelated process."""
 from __future__ import annotations
 
 import contextlib
+import fcntl
+import json
 import os
+import random
 import signal
 import socket
 import subprocess
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -23,11 +27,66 @@ class ProcessRecord(BaseModel):
     log: str
 
 
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+# Ports handed out on this host, under a lock, so devclusters starting at once (one per test
+# worker) never pick the same one before its server binds it.
+PORT_LEDGER = Path(tempfile.gettempdir()) / "ghostgpu-ports.json"
+PORT_HOLD_S = 900.0  # long past any start-up: by then the port is bound, or free again
+_PORTS_BELOW = 10_000  # not the well-known and registered ports many services use
+
+
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999  # Linux's default
+
+
+def _bindable(port: int) -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
+def free_ports(n: int, *, ledger: Path | None = None, now: float | None = None) -> list[int]:
+    """`n` TCP ports on 127.0.0.1 that nothing listens on, chosen below the kernel's ephemeral range
+    (an outgoing connection takes its local port from that range, and could take a port picked
+    there before the server meant to listen on it starts), none handed out on this host in the
+    last PORT_HOLD_S seconds."""
+    ledger = ledger or PORT_LEDGER
+    now = time.time() if now is None else now
+    low_eph, high_eph = _ephemeral_range()
+    low, high = (_PORTS_BELOW, low_eph - 1) if low_eph - _PORTS_BELOW > 4 * n else (high_eph + 1, 65535)
+    rng = random.SystemRandom()
+    with ledger.with_suffix(".lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            held = {int(k): float(v) for k, v in json.loads(ledger.read_text()).items()}
+        except (OSError, ValueError, AttributeError):
+            held = {}
+        held = {port: t for port, t in held.items() if now - t < PORT_HOLD_S}
+        picks: list[int] = []
+        for _ in range(100 * n):
+            if len(picks) == n:
+                break
+            port = rng.randint(low, high)
+            if port not in held and port not in picks and _bindable(port):
+                picks.append(port)
+        if len(picks) < n:
+            raise RuntimeError(f"no {n} free TCP ports on 127.0.0.1 in {low}-{high}")
+        held.update(dict.fromkeys(picks, now))
+        tmp = ledger.with_suffix(".tmp")
+        tmp.write_text(json.dumps({str(k): v for k, v in sorted(held.items())}))
+        os.replace(tmp, ledger)
+    return picks
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now (see `free_ports`)."""
+    return free_ports(1)[0]
 
 
 def port_open(port: int) -> bool:

@@ -21,6 +21,7 @@ def test_controller_config_is_a_valid_config_at_the_demos_pace(tmp_path: Path) -
         assert (ctrl.mode, ctrl.window) == (mode, 3)
         assert ctrl.poll_interval.seconds == 2
         assert ctrl.long_window > 100  # no demo run reaches IDLE_HELD
+        assert ctrl.process_source == "exec"  # no node agent runs in the demo: ps is exec'd
 
 
 def test_latest_decisions_keeps_each_workloads_last_line(tmp_path: Path) -> None:
