@@ -13,14 +13,12 @@ back.
 from __future__ import annotations
 
 import json
-import ssl
 import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 import yaml
 from kubernetes import client
@@ -58,19 +56,6 @@ def agent_config(tmp: Path, prometheus_url: str) -> Path:
     path = tmp / "ghostgpu-agent.yaml"
     path.write_text(yaml.safe_dump(cfg))
     return path
-
-
-def apiserver_exec_requests(dc: DevCluster) -> float:
-    """Exec requests the apiserver has served (apiserver_request_total, subresource exec)."""
-    pki = Path(dc.state.state_dir) / "pki"
-    ctx = ssl.create_default_context(cafile=str(pki / "ca.crt"))
-    ctx.load_cert_chain(str(pki / "admin.crt"), str(pki / "admin.key"))
-    text = httpx.get(f"{dc.state.server}/metrics", verify=ctx, timeout=30).text
-    return sum(
-        float(line.rsplit(" ", 1)[1])
-        for line in text.splitlines()
-        if line.startswith("apiserver_request_total{") and 'subresource="exec"' in line
-    )
 
 
 def test_agent_faults_never_reclaim_and_say_why(
@@ -119,7 +104,6 @@ def test_agent_faults_never_reclaim_and_say_why(
     def replicas(name: str) -> int:
         return int(apps.read_namespaced_deployment(name, ns).spec.replicas)
 
-    execs_before = apiserver_exec_requests(devcluster)
     ctrl = Controller(devcluster.kubeconfig, agent_config(tmp_path, prometheus_url), tmp_path, "agent")
     try:
         # 1. Each container's own series decide: finished is reclaimed, every fault is UNKNOWN with
@@ -149,7 +133,10 @@ def test_agent_faults_never_reclaim_and_say_why(
         wait_for(lambda: replicas("held-back") == 0, 90, "held-back reclaimed once the target is up")
         assert all(replicas(n) == 1 for n in FAULTS)
         assert ctrl.metric("ghostgpu_reclaims_total") == 2  # finished and held-back, once each
-        # agent mode never execs: the apiserver served no exec while this controller ran
-        assert apiserver_exec_requests(devcluster) == execs_before
+        # That agent mode never execs is shown where nothing else shares the count: a whole
+        # reconciler in agent mode through a counting executor (tests/unit/test_signals_agent.py,
+        # test_agent_mode_wires_no_exec_and_exec_mode_still_does).
+        # The apiserver's exec count here is cluster-wide, and other tests' processes in this
+        # worker's cluster may exec meanwhile (151 against 150 in one CI run).
     finally:
         ctrl.stop()

@@ -37,6 +37,9 @@ def release(dc: DevCluster) -> tuple[int, int, int]:
     return int(major), int(minor), int(patch)
 
 
+LOADED = ("Configuration loaded", "Successfully loaded configuration")
+
+
 def kueue_log(dc: DevCluster) -> list[dict[str, Any]]:
     [rec] = [p for p in dc.state.processes if p.name == "kueue"]
     out = []
@@ -46,8 +49,9 @@ def kueue_log(dc: DevCluster) -> list[dict[str, Any]]:
         except ValueError:
             out.append({"level": "raw", "msg": line})
     # The log file is appended across restarts (the doctor and Kueue-configuration tests stop and
-    # start Kueue in the same cluster): the running process's lines start at the last "Initializing".
-    starts = [i for i, e in enumerate(out) if e.get("msg") == "Initializing"]
+    # start Kueue in the same cluster): the running process's lines start at its first line, the
+    # configuration it loaded (renamed in v0.18; "Successfully loaded configuration" before).
+    starts = [i for i, e in enumerate(out) if e.get("msg") in LOADED]
     return out[starts[-1] :] if starts else out
 
 
@@ -58,10 +62,7 @@ def test_kueue_runs_the_pinned_release_with_the_rendered_configuration(devcluste
     # Kueue decodes its Configuration strictly and exits on an unknown or invalid field; it got
     # past that, and the effective configuration is the rendered one (with Kueue's defaults).
     assert not [e for e in log if str(e.get("msg", "")).startswith(("Unable to", "conflicting feature"))]
-    # The line was renamed in v0.18 ("Successfully loaded configuration" before).
-    [loaded] = [
-        e for e in log if e.get("msg") in ("Configuration loaded", "Successfully loaded configuration")
-    ]
+    [loaded] = [e for e in log if e.get("msg") in LOADED]
     text = loaded["config"]
     rendered = rendered_kueue_config(REPO_ROOT / "kueue" / "kueue-manager-config.yaml")
     assert rendered is not None

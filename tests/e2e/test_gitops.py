@@ -213,7 +213,7 @@ class Rig:
                 out[p.name] = ref.name
         return out
 
-    async def ghosts_running(self, want: dict[str, int], timeout: float = 90) -> None:
+    async def ghosts_running(self, want: dict[str, int], timeout: float = 180) -> None:
         """Wait until each Deployment runs `want` pods; every pod is a finished job holding its GPU."""
         deadline = time.monotonic() + timeout
         while True:
