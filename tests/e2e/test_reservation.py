@@ -76,6 +76,41 @@ class Team:
     cq: str
     flavor: str
 
+    @classmethod
+    def create(
+        cls, dc: DevCluster, ns: str, uid: str, quota: int = 8, preemption: dict[str, str] | None = None
+    ) -> Team:
+        """The team of namespace ns: a ResourceFlavor on NODE, a ClusterQueue of `quota` H100s that
+        only ns may use, and the LocalQueue QUEUE pointing at it (removed by `remove`)."""
+        t = cls(dc, ns, f"cq-{uid}", f"h100-{uid}")
+        toleration = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+        cq_spec: dict[str, Any] = {
+            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns}},
+            "resourceGroups": [{"coveredResources": ["nvidia.com/gpu"], "flavors": [
+                {"name": t.flavor, "resources": [{"name": "nvidia.com/gpu", "nominalQuota": quota}]}]}],
+        }  # fmt: skip
+        if preemption:
+            cq_spec["preemption"] = preemption
+        objs = [
+            {"kind": "ResourceFlavor", "metadata": {"name": t.flavor},
+             "spec": {"nodeLabels": H100_NODE, "tolerations": toleration}},
+            {"kind": "ClusterQueue", "metadata": {"name": t.cq}, "spec": cq_spec},
+            {"kind": "LocalQueue", "metadata": {"name": QUEUE, "namespace": ns},
+             "spec": {"clusterQueue": t.cq}},
+        ]  # fmt: skip
+        for obj in objs:
+            dc.kube.apply({"apiVersion": "/".join(KUEUE), **obj})
+        return t
+
+    def remove(self) -> None:
+        """The team's placeholders, then its LocalQueue, ClusterQueue and ResourceFlavor."""
+        kube, api = self.dc.kube, "/".join(KUEUE)
+        for w in self.workloads(PLACEHOLDERS):
+            kube.delete(api, "Workload", w["metadata"]["name"], self.ns)
+        kube.delete(api, "LocalQueue", QUEUE, self.ns)
+        kube.delete(api, "ClusterQueue", self.cq, None)
+        kube.delete(api, "ResourceFlavor", self.flavor, None)
+
     @property
     def co(self) -> client.CustomObjectsApi:
         return client.CustomObjectsApi(self.dc.kube.api_client)
@@ -169,19 +204,7 @@ def team(
     kube.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": LEASE_NS}})
     uid = uuid.uuid4().hex[:6]
     ns = make_namespace({}, prefix="team")
-    t = Team(devcluster, ns, f"cq-{uid}", f"h100-{uid}")
-    toleration = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
-    objs = [
-        {"kind": "ResourceFlavor", "metadata": {"name": t.flavor},
-         "spec": {"nodeLabels": H100_NODE, "tolerations": toleration}},
-        {"kind": "ClusterQueue", "metadata": {"name": t.cq},
-         "spec": {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns}},
-                  "resourceGroups": [{"coveredResources": ["nvidia.com/gpu"], "flavors": [
-                      {"name": t.flavor, "resources": [{"name": "nvidia.com/gpu", "nominalQuota": 8}]}]}]}},
-        {"kind": "LocalQueue", "metadata": {"name": QUEUE, "namespace": ns}, "spec": {"clusterQueue": t.cq}},
-    ]  # fmt: skip
-    for obj in objs:
-        kube.apply({"apiVersion": "/".join(KUEUE), **obj})
+    t = Team.create(devcluster, ns, uid)
     dep = deployment("x", ns, gpus=4)
     dep["spec"]["template"]["spec"]["nodeSelector"] = H100_NODE
     kube.apply(dep)
@@ -198,11 +221,7 @@ def team(
         for job in JOBS:
             with contextlib.suppress(client.ApiException):
                 t.batch.delete_namespaced_job(job, ns, propagation_policy="Background")
-        for w in t.workloads(PLACEHOLDERS):
-            kube.delete("/".join(KUEUE), "Workload", w["metadata"]["name"], ns)
-        for obj in reversed(objs):
-            md = obj["metadata"]
-            kube.delete("/".join(KUEUE), obj["kind"], md["name"], md.get("namespace"))
+        t.remove()
 
 
 JOBS = ("big", "small", "big-unreserved")

@@ -299,22 +299,10 @@ def test_a_higher_priority_placeholder_would_preempt_its_own_teams_running_work(
     immune to a lower-priority reclaim -- Kueue preempts the running Deployment's pod: live work
     killed to fix the books."""
     kube = devcluster.kube
-    uid = uuid.uuid4().hex[:6]
     ns = make_namespace({}, prefix="team")
-    t = Team(devcluster, ns, f"cq-{uid}", f"h100-{uid}")
-    toleration = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
-    objs = [
-        {"kind": "ResourceFlavor", "metadata": {"name": t.flavor},
-         "spec": {"nodeLabels": H100_NODE, "tolerations": toleration}},
-        {"kind": "ClusterQueue", "metadata": {"name": t.cq},
-         "spec": {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns}},
-                  "preemption": {"withinClusterQueue": "LowerPriority"},
-                  "resourceGroups": [{"coveredResources": ["nvidia.com/gpu"], "flavors": [
-                      {"name": t.flavor, "resources": [{"name": "nvidia.com/gpu", "nominalQuota": 4}]}]}]}},
-        {"kind": "LocalQueue", "metadata": {"name": QUEUE, "namespace": ns}, "spec": {"clusterQueue": t.cq}},
-    ]  # fmt: skip
-    for obj in objs:
-        kube.apply({"apiVersion": "/".join(KUEUE), **obj})
+    t = Team.create(
+        devcluster, ns, uuid.uuid4().hex[:6], quota=4, preemption={"withinClusterQueue": "LowerPriority"}
+    )
     try:
         serve = deployment("serve", ns, gpus=4)
         serve["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] = QUEUE
@@ -366,8 +354,4 @@ def test_a_higher_priority_placeholder_would_preempt_its_own_teams_running_work(
     finally:
         with contextlib.suppress(client.ApiException):
             kube.delete("apps/v1", "Deployment", "serve", ns)
-        for w in t.workloads(PLACEHOLDERS):
-            kube.delete("/".join(KUEUE), "Workload", w["metadata"]["name"], ns)
-        for obj in reversed(objs):
-            md = obj["metadata"]
-            kube.delete("/".join(KUEUE), obj["kind"], md["name"], md.get("namespace"))
+        t.remove()

@@ -18,7 +18,7 @@ import pytest
 import yaml
 from kubernetes import client
 from test_controller import LEASE_NS, Controller, wait_for
-from test_reservation import H100_NODE, KUEUE, PLACEHOLDERS, POLL, QUEUE, REPO, Team, config
+from test_reservation import H100_NODE, POLL, REPO, Team, config
 
 from ghostgpu.controller.keys import COMPONENT
 from ghostgpu.devcluster import DevCluster
@@ -42,19 +42,8 @@ def untracked(devcluster: DevCluster, make_namespace: Callable[..., str]) -> Ite
     ns = make_namespace(
         {"ghostgpu.io/reclaim": "enabled", "ghostgpu.io/team": f"team-{uid}"}, prefix="untracked"
     )
-    t = Team(devcluster, ns, f"cq-{uid}", f"h100-{uid}")
+    t = Team.create(devcluster, ns, uid)
     toleration = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
-    objs = [
-        {"kind": "ResourceFlavor", "metadata": {"name": t.flavor},
-         "spec": {"nodeLabels": H100_NODE, "tolerations": toleration}},
-        {"kind": "ClusterQueue", "metadata": {"name": t.cq},
-         "spec": {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns}},
-                  "resourceGroups": [{"coveredResources": ["nvidia.com/gpu"], "flavors": [
-                      {"name": t.flavor, "resources": [{"name": "nvidia.com/gpu", "nominalQuota": 8}]}]}]}},
-        {"kind": "LocalQueue", "metadata": {"name": QUEUE, "namespace": ns}, "spec": {"clusterQueue": t.cq}},
-    ]  # fmt: skip
-    for obj in objs:
-        kube.apply({"apiVersion": "/".join(KUEUE), **obj})
     trainer = t.co.create_namespaced_custom_object(
         "example.com", "v1", ns, "trainers",
         {"apiVersion": "example.com/v1", "kind": "Trainer", "metadata": {"name": "t1"}, "spec": {}},
@@ -77,11 +66,7 @@ def untracked(devcluster: DevCluster, make_namespace: Callable[..., str]) -> Ite
         for job in ("big",):
             with contextlib.suppress(client.ApiException):
                 t.batch.delete_namespaced_job(job, ns, propagation_policy="Background")
-        for w in t.workloads(PLACEHOLDERS):
-            kube.delete("/".join(KUEUE), "Workload", w["metadata"]["name"], ns)
-        for obj in reversed(objs):
-            md = obj["metadata"]
-            kube.delete("/".join(KUEUE), obj["kind"], md["name"], md.get("namespace"))
+        t.remove()
 
 
 def ghostgpu_keys(meta: Any) -> list[str]:
