@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import time
-import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -22,7 +21,7 @@ from typing import Any
 import pytest
 import yaml
 from kubernetes import client
-from test_controller import LEASE_NS, REPO, Controller, deployment, opt_in, wait_for
+from test_controller import LEASE_NS, REPO, Controller, controller_config, deployment, opt_in, wait_for
 
 from ghostgpu.devcluster import DevCluster, FakeDcgmClient
 
@@ -40,22 +39,9 @@ EXPECTED = {
 
 
 def agent_config(tmp: Path, prometheus_url: str) -> Path:
-    cfg = yaml.safe_load((REPO / "examples" / "ghostgpu.yaml").read_text())
-    assert cfg["controller"]["processSource"] == "agent"  # the example's own setting
-    cfg["controller"].update(
-        mode="enforce",
-        leaseName=f"ghostgpu-{uuid.uuid4().hex[:8]}",
-        pollInterval="2s",
-        window=3,
-        longWindow=7,
-        startupGrace="1s",
-        staleAfter="30s",
-        prometheus={"url": prometheus_url, "timeout": "5s"},
-        autonomy={"tau": 0.4},
-    )
-    path = tmp / "ghostgpu-agent.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    return path
+    example = yaml.safe_load((REPO / "examples" / "ghostgpu.yaml").read_text())
+    assert example["controller"]["processSource"] == "agent"  # the example's own setting
+    return controller_config(tmp, prometheus_url, "enforce", process_source="agent")
 
 
 def test_agent_faults_never_reclaim_and_say_why(

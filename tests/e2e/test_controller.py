@@ -47,11 +47,15 @@ QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 # --- helpers -------------------------------------------------------------------------------------
 
 
-def controller_config(tmp: Path, prometheus_url: str, mode: str, **extra: object) -> Path:
+def controller_config(
+    tmp: Path, prometheus_url: str, mode: str, process_source: str = "exec", **extra: object
+) -> Path:
+    """examples/ghostgpu.yaml at the tests' pace. Processes come from exec by default: these tests
+    script what `ps` prints in each pod (process_tables); agent mode reads the agent's series."""
     cfg = yaml.safe_load((REPO / "examples" / "ghostgpu.yaml").read_text())
     cfg["controller"].update(
         mode=mode,
-        processSource="exec",  # these tests script what `ps` prints in each pod (process_tables)
+        processSource=process_source,
         leaseName=f"ghostgpu-{uuid.uuid4().hex[:8]}",  # one lease per test: no stray holder carries over
         pollInterval=f"{POLL}s",
         window=WINDOW,
@@ -64,7 +68,7 @@ def controller_config(tmp: Path, prometheus_url: str, mode: str, **extra: object
         autonomy={"tau": 0.4},
         **extra,
     )
-    path = tmp / f"ghostgpu-{mode}.yaml"
+    path = tmp / f"ghostgpu-{mode}-{process_source}.yaml"
     path.write_text(yaml.safe_dump(cfg))
     return path
 
