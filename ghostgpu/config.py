@@ -47,6 +47,9 @@ TRACKED_LABEL = "ghostgpu.io/tracked"
 KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 KUEUE_MANAGED_LABEL = "kueue.x-k8s.io/managed"
 DEFAULT_LOCAL_QUEUE = "default"
+# Resource names the controller takes for device-plugin GPUs even when no flavor names them
+# (controller.inventory.gpu_predicate); a DRA device class is never charged under one.
+GPU_RESOURCE_PREFIXES = ("nvidia.com/", "amd.com/gpu", "gpu.intel.com/")
 
 API_VERSION = "ghostgpu.io/v1alpha1"
 KIND = "GhostgpuConfig"
@@ -892,21 +895,18 @@ def _semantic_issues(cfg: GhostgpuConfig) -> Iterator[ConfigIssue]:
 
 
 def _device_class_issues(cfg: GhostgpuConfig) -> Iterator[ConfigIssue]:
-    # Imported here: the controller's inventory imports this module (through controller.keys).
-    from ghostgpu.controller.inventory import GPU_PREFIXES
-
     classes = [d.name for d in cfg.device_classes]
     yield from _duplicates("deviceClasses", classes)
     plugin = {f.resource for f in cfg.flavors if f.resource is not None}
     for i, d in enumerate(cfg.device_classes):
-        if d.resource in plugin or d.resource.startswith(GPU_PREFIXES):
+        if d.resource in plugin or d.resource.startswith(GPU_RESOURCE_PREFIXES):
             # Kueue would add the DRA devices to the device plugin's count, and the controller
             # takes every name of these domains for a device-plugin GPU.
             yield ConfigIssue(
                 f"deviceClasses[{i}].resource",
                 f"{d.resource!r} is a device-plugin resource name; give the devices of "
                 f"{d.name!r} a resource of their own (such as {d.name!r}), not one of "
-                f"{_list(sorted(plugin))} or a name under {', '.join(GPU_PREFIXES)}",
+                f"{_list(sorted(plugin))} or a name under {', '.join(GPU_RESOURCE_PREFIXES)}",
             )
     for i, f in enumerate(cfg.flavors):
         if f.device_class is not None and f.device_class not in classes:
