@@ -182,8 +182,8 @@ def _dra_cel_variables(classes: Sequence[str]) -> list[dict[str, str]]:
             "name": "claimsGpu",
             "expression": (
                 "size(variables.claimTemplates) > 0 && "
-                f"resource.List({cel(RESOURCE_API_VERSION)}, 'resourceclaimtemplates', "
-                "object.metadata.namespace).items.exists(t, t.metadata.name in variables.claimTemplates"
+                f"dyn(resource.List({cel(RESOURCE_API_VERSION)}, 'resourceclaimtemplates', "
+                "object.metadata.namespace).items).exists(t, t.metadata.name in variables.claimTemplates"
                 f" && t.spec.spec.?devices.?requests.orValue([]).exists(r, {request_gpu}))"
             ),
         },
@@ -218,7 +218,7 @@ def _tracking_condition(table: ActuatorTable, dra: bool = False) -> str:
 
     With DRA device classes a Deployment, StatefulSet or bare Pod whose pods claim a GPU through a
     ResourceClaimTemplate counts too. That test looks templates up, so it comes last, after the
-    label and owner tests: Kueue's pods and controller-owned pods never cost a lookup (CEL's
+    label and owner tests, so that Kueue's pods and controller-owned pods need no lookup (CEL's
     && and || stop at the first operand that decides)."""
     unmanaged = (
         f"!({cel(c.KUEUE_QUEUE_LABEL)} in variables.labels)"

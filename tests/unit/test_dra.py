@@ -3,13 +3,16 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
-from ghostgpu.config import ConfigError, load_config_text, load_default_config
+from ghostgpu.config import ConfigError, load_config, load_config_text, load_default_config
 from ghostgpu.render import render_bundles
+
+REPO = Path(__file__).resolve().parents[2]
 
 # Two node pools: one whose GPUs the device plugin serves, one whose GPUs NVIDIA's DRA driver serves.
 DRA = """\
@@ -224,8 +227,10 @@ def test_classes_charged_under_one_resource_are_one_mapping_and_unnamed_classes_
 
 
 def test_the_rendered_configuration_sets_no_feature_gate() -> None:
-    # v0.17 calls the gate DynamicResourceAllocation and v0.19 KueueDRAIntegration; each refuses
-    # the other's name, so one Configuration for both can name neither (docs/kueue-versions.md).
+    # Kueue v0.17 calls its gate DynamicResourceAllocation (alpha, off) and v0.18+ KueueDRAIntegration
+    # (beta, on). v0.19 takes the old name only as Kubernetes' own GA gate, a no-op for Kueue, and the
+    # Configuration's gates exclude --feature-gates on the command line: the bundle names no gate and
+    # v0.17 users pass the flag (docs/kueue-versions.md).
     assert "featureGates" not in manager_config(render_bundles(load_config_text(DRA)))
 
 
@@ -265,3 +270,13 @@ def test_kyverno_may_read_resource_claim_templates_once_a_class_is_named() -> No
             "resources": ["resourceclaimtemplates"],
             "verbs": ["get", "list"],
         } in role["rules"], role["metadata"]["name"]
+
+
+def test_the_dra_kyverno_suite_runs_the_policy_its_cluster_file_renders() -> None:
+    # tests/policies/track-gpu-workloads-dra, the kyverno CLI suite of the DRA lookup, runs a committed
+    # render of its own ghostgpu.yaml. Re-render it with
+    #   ghostgpu render -c tests/policies/track-gpu-workloads-dra/ghostgpu.yaml -o /tmp/dra-suite
+    #   cp /tmp/dra-suite/policies/track-gpu-workloads.yaml tests/policies/track-gpu-workloads-dra/
+    suite = REPO / "tests" / "policies" / "track-gpu-workloads-dra"
+    rendered = render_bundles(load_config(suite / "ghostgpu.yaml"))["policies/track-gpu-workloads.yaml"]
+    assert (suite / "track-gpu-workloads.yaml").read_text(encoding="utf-8") == rendered
