@@ -47,6 +47,9 @@ TRACKED_LABEL = "ghostgpu.io/tracked"
 KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 KUEUE_MANAGED_LABEL = "kueue.x-k8s.io/managed"
 DEFAULT_LOCAL_QUEUE = "default"
+# Resource names the controller takes for device-plugin GPUs even when no flavor names them
+# (controller.inventory.gpu_predicate); a DRA device class is never charged under one.
+GPU_RESOURCE_PREFIXES = ("nvidia.com/", "amd.com/gpu", "gpu.intel.com/")
 
 API_VERSION = "ghostgpu.io/v1alpha1"
 KIND = "GhostgpuConfig"
@@ -60,6 +63,7 @@ _LABEL_KEY = re.compile(
     r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
 )
 _LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 
 
 def _dns_label(value: str) -> str:
@@ -89,7 +93,31 @@ def _label_map(value: dict[str, str]) -> dict[str, str]:
     return dict(sorted(value.items()))
 
 
+def _device_class_name(value: str) -> str:
+    # A DeviceClass is named by a DNS subdomain; Kueue's deviceClassNames also take it as a
+    # qualified name without prefix, which caps it at 63 characters.
+    if len(value) > 63 or not _DNS_SUBDOMAIN.match(value):
+        raise ValueError(
+            f"expected a DeviceClass name (a DNS subdomain of at most 63 characters, such as "
+            f"gpu.nvidia.com), got {value!r}"
+        )
+    return value
+
+
+def _kueue_resource_name(value: str) -> str:
+    # Kueue validates a deviceClassMappings name as a label key: an optional DNS-subdomain prefix
+    # and '/', then a name of at most 63 characters.
+    if len(value) > 253 or not _LABEL_KEY.match(value) or len(value.split("/")[-1]) > 63:
+        raise ValueError(
+            f"expected a resource name Kueue accepts in deviceClassMappings (a label key such as "
+            f"gpu.nvidia.com or example.com/gpus), got {value!r}"
+        )
+    return value
+
+
 Name = Annotated[str, AfterValidator(_dns_label)]
+DeviceClassName = Annotated[str, AfterValidator(_device_class_name)]
+KueueResourceName = Annotated[str, AfterValidator(_kueue_resource_name)]
 ResourceName = Annotated[str, AfterValidator(_extended_resource)]
 LabelMap = Annotated[dict[str, str], AfterValidator(_label_map)]
 # REPO:TAG, REPO@sha256:<hex> or REPO:TAG@sha256:<hex>; the Deployment uses it as given.
@@ -125,13 +153,52 @@ class Toleration(Model):
 
 
 class Flavor(Model):
-    """A GPU model or MIG profile: one Kueue ResourceFlavor that provides one resource."""
+    """A GPU model or MIG profile: one Kueue ResourceFlavor that provides one resource, either a
+    device-plugin resource (`resource`) or the Kueue resource of a DRA device class (`deviceClass`)."""
 
     name: Name
-    resource: ResourceName = Field(description="the device-plugin resource, e.g. nvidia.com/gpu")
+    resource: ResourceName | None = Field(
+        default=None, description="the device-plugin resource, e.g. nvidia.com/gpu"
+    )
+    device_class: DeviceClassName | None = Field(
+        default=None,
+        description="a deviceClasses name: the flavor's GPUs come through DRA and are charged under "
+        "that class's Kueue resource",
+    )
     node_labels: LabelMap = Field(default_factory=dict)
     node_taints: list[Taint] = Field(default_factory=list)
     tolerations: list[Toleration] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _one_source(self) -> Flavor:
+        if (self.resource is None) == (self.device_class is None):
+            raise ValueError(
+                "a flavor takes either `resource` (a device-plugin resource such as nvidia.com/gpu) "
+                "or `deviceClass` (a DRA device class of deviceClasses), exactly one of them"
+            )
+        return self
+
+
+class DeviceClass(Model):
+    """A DRA DeviceClass whose devices are GPUs, and the resource Kueue charges them under
+    (Kueue's Configuration `resources.deviceClassMappings`). `resource` defaults to the class name."""
+
+    name: DeviceClassName
+    resource: KueueResourceName
+
+    @model_validator(mode="before")
+    @classmethod
+    def _resource_defaults_to_name(cls, raw: Any) -> Any:
+        if isinstance(raw, dict) and "resource" not in raw and isinstance(raw.get("name"), str):
+            return {**raw, "resource": raw["name"]}
+        return raw
+
+
+# NVIDIA's DRA driver (k8s-dra-driver-gpu) publishes these DeviceClasses: whole GPUs and MIG devices.
+DEFAULT_DEVICE_CLASSES = ("gpu.nvidia.com", "mig.nvidia.com")
+# Kueue's limits on deviceClassMappings (pkg/config/validation.go, v0.17 to v0.19).
+_KUEUE_MAX_MAPPINGS = 16
+_KUEUE_MAX_CLASSES_PER_MAPPING = 8
 
 
 # --- teams and queues ----------------------------------------------------------------------------
@@ -673,6 +740,11 @@ class GhostgpuConfig(Model):
     api_version: Literal["ghostgpu.io/v1alpha1"] = API_VERSION
     kind: Literal["GhostgpuConfig"] = KIND
     flavors: list[Flavor] = Field(min_length=1)
+    # GPUs through DRA (docs/dra.md): the DeviceClasses a flavor may name in `deviceClass`. Nothing
+    # of them is rendered until a flavor names one.
+    device_classes: list[DeviceClass] = Field(
+        default_factory=lambda: [DeviceClass(name=n, resource=n) for n in DEFAULT_DEVICE_CLASSES]
+    )
     cohorts: list[Cohort] = Field(default_factory=list)
     priority_classes: list[PriorityClass] = Field(default_factory=list)
     teams: list[Team] = Field(min_length=1)
@@ -687,8 +759,21 @@ class GhostgpuConfig(Model):
 
     @property
     def gpu_resources(self) -> list[str]:
-        """Every configured GPU resource name, sorted and unique."""
-        return sorted({f.resource for f in self.flavors})
+        """Every configured device-plugin GPU resource name, sorted and unique (DRA flavors have none)."""
+        return sorted({f.resource for f in self.flavors if f.resource is not None})
+
+    @property
+    def dra_classes(self) -> list[DeviceClass]:
+        """The device classes some flavor names (in deviceClasses order): the ones rendered."""
+        named = {f.device_class for f in self.flavors}
+        return [d for d in self.device_classes if d.name in named]
+
+    def charged_resource(self, flavor: Flavor) -> str:
+        """The resource a flavor's quota is given in: its device-plugin resource, or the Kueue
+        resource its device class is charged under."""
+        if flavor.resource is not None:
+            return flavor.resource
+        return next(d.resource for d in self.device_classes if d.name == flavor.device_class)
 
     def namespaces_of(self, team: str) -> list[StaticNamespace]:
         return [ns for ns in self.namespaces if ns.team == team]
@@ -729,6 +814,9 @@ def _semantic_issues(cfg: GhostgpuConfig) -> Iterator[ConfigIssue]:
                     f"teams[{i}].name",
                     f"{team.name!r} is also a cohort name; ClusterQueue and Cohort names must differ",
                 )
+
+    yield from _device_class_issues(cfg)
+    dra_flavors = {f.name for f in cfg.flavors if f.device_class is not None}
 
     fair_sharing = cfg.kueue.fair_sharing.enabled
     for i, team in enumerate(cfg.teams):
@@ -772,6 +860,12 @@ def _semantic_issues(cfg: GhostgpuConfig) -> Iterator[ConfigIssue]:
                 yield ConfigIssue(
                     path, f"undefined flavor {flavor_name!r}; defined flavors: {_list(flavors)}"
                 )
+            elif flavor_name in dra_flavors:
+                yield ConfigIssue(
+                    path,
+                    f"flavor {flavor_name!r} takes its GPUs through DRA; namespaceQuota renders "
+                    "ResourceQuotas of device-plugin resources only",
+                )
             elif not count.is_whole:
                 yield ConfigIssue(path, f"expected a whole number of devices, got {count!r}")
         preemption = team.preemption
@@ -797,6 +891,44 @@ def _semantic_issues(cfg: GhostgpuConfig) -> Iterator[ConfigIssue]:
         if ns.team not in teams:
             yield ConfigIssue(
                 f"namespaces[{i}].team", f"undefined team {ns.team!r}; defined teams: {_list(teams)}"
+            )
+
+
+def _device_class_issues(cfg: GhostgpuConfig) -> Iterator[ConfigIssue]:
+    classes = [d.name for d in cfg.device_classes]
+    yield from _duplicates("deviceClasses", classes)
+    plugin = {f.resource for f in cfg.flavors if f.resource is not None}
+    for i, d in enumerate(cfg.device_classes):
+        if d.resource in plugin or d.resource.startswith(GPU_RESOURCE_PREFIXES):
+            # Kueue would add the DRA devices to the device plugin's count, and the controller
+            # takes every name of these domains for a device-plugin GPU.
+            yield ConfigIssue(
+                f"deviceClasses[{i}].resource",
+                f"{d.resource!r} is a device-plugin resource name; give the devices of "
+                f"{d.name!r} a resource of their own (such as {d.name!r}), not one of "
+                f"{_list(sorted(plugin))} or a name under {', '.join(GPU_RESOURCE_PREFIXES)}",
+            )
+    for i, f in enumerate(cfg.flavors):
+        if f.device_class is not None and f.device_class not in classes:
+            yield ConfigIssue(
+                f"flavors[{i}].deviceClass",
+                f"undefined device class {f.device_class!r}; defined deviceClasses: {_list(classes)}",
+            )
+    mappings: dict[str, list[str]] = {}
+    for d in cfg.dra_classes:
+        mappings.setdefault(d.resource, []).append(d.name)
+    if len(mappings) > _KUEUE_MAX_MAPPINGS:
+        yield ConfigIssue(
+            "deviceClasses",
+            f"{len(mappings)} Kueue resources for the device classes flavors name; Kueue takes at "
+            f"most {_KUEUE_MAX_MAPPINGS} deviceClassMappings",
+        )
+    for resource, names in mappings.items():
+        if len(names) > _KUEUE_MAX_CLASSES_PER_MAPPING:
+            yield ConfigIssue(
+                f"deviceClasses[{classes.index(names[-1])}].resource",
+                f"{len(names)} device classes charged under {resource!r}; Kueue maps at most "
+                f"{_KUEUE_MAX_CLASSES_PER_MAPPING} device classes to one resource",
             )
 
 

@@ -121,11 +121,16 @@ class Bundle:
     files: list[tuple[str, str]]  # (output file, template path)
 
 
-def _gpu_cel_variables(resources: Sequence[str]) -> list[dict[str, str]]:
+# The DRA API the tracking policy reads ResourceClaimTemplates from (GA in Kubernetes 1.34).
+RESOURCE_API_VERSION = "resource.k8s.io/v1"
+
+
+def _gpu_cel_variables(resources: Sequence[str], dra_classes: Sequence[str] = ()) -> list[dict[str, str]]:
     """CEL variables shared by every policy that needs to know 'does this workload use a GPU'.
 
     Works for Pods (spec) and pod controllers (spec.template.spec); checks limits and requests
-    of containers and initContainers against every configured GPU resource."""
+    of containers and initContainers against every configured GPU resource. With DRA device
+    classes, `claimsGpu` also looks the pod's ResourceClaimTemplates up (`_dra_cel_variables`)."""
     return [
         {
             "name": "podSpec",
@@ -146,7 +151,50 @@ def _gpu_cel_variables(resources: Sequence[str]) -> list[dict[str, str]]:
             ),
         },
         {"name": "labels", "expression": "object.metadata.?labels.orValue({})"},
+        *_dra_cel_variables(dra_classes),
     ]
+
+
+def _dra_cel_variables(classes: Sequence[str]) -> list[dict[str, str]]:
+    """`claimsGpu`: a pod (template) of the object gets a device of a GPU device class through a
+    ResourceClaimTemplate. The pod names templates only, so they are looked up in its namespace
+    (Kyverno's resource.List: a template not there yet is no GPU, not a policy error), and a
+    request counts when it names a GPU class exactly or as one of its firstAvailable choices.
+    Pods that name a ResourceClaim (resourceClaimName) are not GPU workloads to ghostgpu: the claim
+    outlives them, so stopping them frees no device."""
+    if not classes:
+        return []
+    gpu_class = "in variables.gpuDeviceClasses"
+    request_gpu = (
+        f"r.?exactly.?deviceClassName.orValue('') {gpu_class}"
+        f" || r.?firstAvailable.orValue([]).exists(a, a.?deviceClassName.orValue('') {gpu_class})"
+    )
+    return [
+        {"name": "gpuDeviceClasses", "expression": cel(list(classes))},
+        {
+            "name": "claimTemplates",
+            "expression": (
+                "variables.podSpec.?resourceClaims.orValue([])"
+                ".filter(c, has(c.resourceClaimTemplateName)).map(c, c.resourceClaimTemplateName)"
+            ),
+        },
+        {
+            "name": "claimsGpu",
+            "expression": (
+                "size(variables.claimTemplates) > 0 && "
+                f"dyn(resource.List({cel(RESOURCE_API_VERSION)}, 'resourceclaimtemplates', "
+                "object.metadata.namespace).items).exists(t, t.metadata.name in variables.claimTemplates"
+                f" && t.spec.spec.?devices.?requests.orValue([]).exists(r, {request_gpu}))"
+            ),
+        },
+    ]
+
+
+# matchConditions cannot see variables: the cheap half of `claimsGpu` (no lookup) spelled out.
+_NAMES_CLAIM_TEMPLATE = (
+    "(has(object.spec.template) ? object.spec.template.spec : object.spec).?resourceClaims.orValue([])"
+    ".exists(c, has(c.resourceClaimTemplateName))"
+)
 
 
 def _manager_gpu(table: ActuatorTable, resources_cel: str) -> str:
@@ -164,16 +212,30 @@ def _manager_rules(table: ActuatorTable) -> list[dict[str, Any]]:
     return [{"group": g, "resources": sorted(r)} for g, r in sorted(groups.items())]
 
 
-def _tracking_condition(table: ActuatorTable) -> str:
+def _tracking_condition(table: ActuatorTable, dra: bool = False) -> str:
     """True when the object should carry ghostgpu.io/tracked=true (DESIGN §3): a GPU Deployment,
-    StatefulSet or bare Pod, or a GPU object of a manager kind (RayCluster, Notebook, ...)."""
-    return (
-        "(object.kind in ['Pod', 'Deployment', 'StatefulSet'] && variables.requestsGpu"
-        f" || {_manager_gpu(table, 'variables.gpuResources')})"
-        f" && !({cel(c.KUEUE_QUEUE_LABEL)} in variables.labels)"
+    StatefulSet or bare Pod, or a GPU object of a manager kind (RayCluster, Notebook, ...).
+
+    With DRA device classes a Deployment, StatefulSet or bare Pod whose pods claim a GPU through a
+    ResourceClaimTemplate counts too. That test looks templates up, so it comes last, after the
+    label and owner tests, so that Kueue's pods and controller-owned pods need no lookup (CEL's
+    && and || stop at the first operand that decides)."""
+    unmanaged = (
+        f"!({cel(c.KUEUE_QUEUE_LABEL)} in variables.labels)"
         f" && variables.labels[?{cel(c.KUEUE_MANAGED_LABEL)}].orValue('') != 'true'"
         " && (object.kind != 'Pod' || size(object.metadata.?ownerReferences.orValue([])) == 0)"
         f" && variables.labels[?{cel(c.TRACKED_LABEL)}].orValue('') != 'true'"
+    )
+    manager = _manager_gpu(table, "variables.gpuResources")
+    if not dra:
+        return (
+            f"(object.kind in ['Pod', 'Deployment', 'StatefulSet'] && variables.requestsGpu || {manager})"
+            f" && {unmanaged}"
+        )
+    return (
+        f"{unmanaged}"
+        " && (object.kind in ['Pod', 'Deployment', 'StatefulSet']"
+        f" && (variables.requestsGpu || variables.claimsGpu) || {manager})"
     )
 
 
@@ -181,6 +243,7 @@ def _policies_context(cfg: c.GhostgpuConfig) -> dict[str, Any]:
     ctrl = cfg.controller
     table = ActuatorTable(ctrl.actuators)
     flavor_resource = {f.name: f.resource for f in cfg.flavors}
+    dra_classes = [d.name for d in cfg.dra_classes]
     quota_by_team: dict[str, dict[str, str]] = {}
     for team in cfg.teams:
         totals: dict[str, Decimal] = {}
@@ -198,8 +261,10 @@ def _policies_context(cfg: c.GhostgpuConfig) -> dict[str, Any]:
         "failure_policy": cfg.policies.failure_policy,
         "validate_job_queue_name": cfg.policies.validate_job_queue_name,
         "gpu_resources": cfg.gpu_resources,
-        "gpu_variables": _gpu_cel_variables(cfg.gpu_resources),
-        "tracking_condition": _tracking_condition(table),
+        "gpu_variables": _gpu_cel_variables(cfg.gpu_resources, dra_classes),
+        "tracking_condition": _tracking_condition(table, dra=bool(dra_classes)),
+        "dra_classes": dra_classes,
+        "names_claim_template": _NAMES_CLAIM_TEMPLATE,
         "manager_gpu": _manager_gpu(table, cel(cfg.gpu_resources)),
         "manager_rules": _manager_rules(table),
         "manager_kinds": [a.kind for a in table.tracked()],
@@ -235,8 +300,9 @@ def _resource_groups(cfg: c.GhostgpuConfig, team: c.Team) -> list[dict[str, Any]
         quota = team.quota.get(flavor.name)
         if quota is None:
             continue
-        groups.setdefault(flavor.resource, []).append(
-            {"name": flavor.name, "resources": [_quota_entry(flavor.resource, quota)]}
+        resource = cfg.charged_resource(flavor)
+        groups.setdefault(resource, []).append(
+            {"name": flavor.name, "resources": [_quota_entry(resource, quota)]}
         )
     return [{"coveredResources": [resource], "flavors": flavors} for resource, flavors in groups.items()]
 
@@ -334,9 +400,26 @@ def _kueue_manager_config(cfg: c.GhostgpuConfig) -> dict[str, Any]:
     conf["integrations"] = {"frameworks": list(k.frameworks)}
     if k.fair_sharing.enabled:
         conf["fairSharing"] = {"preemptionStrategies": list(k.fair_sharing.preemption_strategies)}
+    resources: dict[str, Any] = {}
     if k.exclude_resource_prefixes:
-        conf["resources"] = {"excludeResourcePrefixes": list(k.exclude_resource_prefixes)}
+        resources["excludeResourcePrefixes"] = list(k.exclude_resource_prefixes)
+    mappings = _device_class_mappings(cfg)
+    if mappings:
+        resources["deviceClassMappings"] = mappings
+    if resources:
+        conf["resources"] = resources
     return conf
+
+
+def _device_class_mappings(cfg: c.GhostgpuConfig) -> list[dict[str, Any]]:
+    """Kueue's `resources.deviceClassMappings`: one entry per Kueue resource that the device classes
+    the flavors name are charged under (Kueue refuses a resource name listed twice). Kueue v0.18+
+    counts them (KueueDRAIntegration, on by default); v0.17 accepts the field and counts only with
+    its alpha gate DynamicResourceAllocation on (docs/kueue-versions.md)."""
+    by_resource: dict[str, list[str]] = {}
+    for d in cfg.dra_classes:
+        by_resource.setdefault(d.resource, []).append(d.name)
+    return [{"name": r, "deviceClassNames": names} for r, names in by_resource.items()]
 
 
 def _kueue_context(cfg: c.GhostgpuConfig) -> dict[str, Any]:
@@ -453,10 +536,12 @@ def grafana_dashboard() -> dict[str, Any]:
 
 def _agent_node_terms(cfg: c.GhostgpuConfig) -> list[dict[str, Any]]:
     """nodeSelectorTerms (ORed) for the GPU nodes: one per distinct flavor nodeLabels set (ANDed).
-    A flavor without nodeLabels can be on any node: then no affinity at all."""
-    if any(not f.node_labels for f in cfg.flavors):
+    A flavor without nodeLabels can be on any node: then no affinity at all. DRA flavors do not
+    count: the agent finds GPU containers by their device-plugin resources."""
+    flavors = [f for f in cfg.flavors if f.resource is not None]
+    if any(not f.node_labels for f in flavors):
         return []
-    sets = sorted({tuple(sorted(f.node_labels.items())) for f in cfg.flavors})
+    sets = sorted({tuple(sorted(f.node_labels.items())) for f in flavors})
     return [
         {"matchExpressions": [{"key": k, "operator": "In", "values": [v]} for k, v in labels]}
         for labels in sets
@@ -466,14 +551,28 @@ def _agent_node_terms(cfg: c.GhostgpuConfig) -> list[dict[str, Any]]:
 def _agent_tolerations(cfg: c.GhostgpuConfig) -> list[dict[str, Any]]:
     seen: dict[str, dict[str, Any]] = {}
     for f in cfg.flavors:
+        if f.resource is None:
+            continue
         for t in f.tolerations:
             d = t.model_dump(by_alias=True, mode="json", exclude_none=True)
             seen.setdefault(json.dumps(d, sort_keys=True), d)
     return [seen[k] for k in sorted(seen)]
 
 
+def _agent_config(cfg: c.GhostgpuConfig) -> dict[str, Any]:
+    """The whole config as the agent's ConfigMap carries it. The DRA keys are left out while no
+    flavor names a device class, so a file that does not use DRA renders the ConfigMap it did
+    before DRA support (the agent reads neither)."""
+    data = cfg.model_dump(by_alias=True, mode="json")
+    if not cfg.dra_classes:
+        del data["deviceClasses"]
+        for flavor in data["flavors"]:
+            del flavor["deviceClass"]
+    return data
+
+
 def _agent_context(cfg: c.GhostgpuConfig) -> dict[str, Any]:
-    config_yaml = to_yaml(cfg.model_dump(by_alias=True, mode="json"))
+    config_yaml = to_yaml(_agent_config(cfg))
     read_by_agent = json.dumps(
         [cfg.gpu_resources, cfg.controller.processes.model_dump(by_alias=True, mode="json")], sort_keys=True
     )

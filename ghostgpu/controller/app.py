@@ -77,7 +77,12 @@ def load_any_config(path: str | Path | None) -> LoadedConfig:
     data = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
     if isinstance(data, dict) and data.get("kind") == "GhostgpuConfig":
         full = load_config(path)
-        flavors = [FlavorSpec(f.name, f.resource, dict(f.node_labels)) for f in full.flavors]
+        # The controller counts device-plugin GPUs only: a DRA flavor's devices are in ResourceClaims.
+        flavors = [
+            FlavorSpec(f.name, f.resource, dict(f.node_labels))
+            for f in full.flavors
+            if f.resource is not None
+        ]
         return LoadedConfig(full.controller, flavors)
     return LoadedConfig(load_controller_config(path), None)
 

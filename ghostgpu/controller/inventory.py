@@ -17,6 +17,7 @@ from types import MappingProxyType
 from typing import Any, NamedTuple
 
 from ghostgpu.actuators import POD_CONTROLLERS
+from ghostgpu.config import GPU_RESOURCE_PREFIXES
 from ghostgpu.controller import keys
 from ghostgpu.controller.packing import pack, unpack
 from ghostgpu.quantity import Quantity
@@ -153,7 +154,7 @@ def parse_time(value: str | None) -> datetime | None:
 
 
 GpuPredicate = Callable[[str], bool]
-GPU_PREFIXES = ("nvidia.com/", "amd.com/gpu", "gpu.intel.com/")
+GPU_PREFIXES = GPU_RESOURCE_PREFIXES
 
 
 def gpu_predicate(known: Iterable[str] = ()) -> GpuPredicate:

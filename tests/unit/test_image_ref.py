@@ -29,7 +29,8 @@ def image_error(image: str) -> str:
         load_config_text(with_image(image), "cluster.yaml")
     [line] = info.value.lines()
     assert line.startswith("cluster.yaml: controller.image: ")
-    assert "(line 109)" in line, "the error names the line of the image key"
+    image_line = EXAMPLE[: EXAMPLE.index(DEFAULT)].count("\n") + 1
+    assert f"(line {image_line})" in line, "the error names the line of the image key"
     return line
 
 
