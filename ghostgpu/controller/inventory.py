@@ -19,6 +19,7 @@ from typing import Any, NamedTuple
 from ghostgpu.actuators import POD_CONTROLLERS
 from ghostgpu.config import GPU_RESOURCE_PREFIXES
 from ghostgpu.controller import keys
+from ghostgpu.controller.claims import pod_claim_names
 from ghostgpu.controller.packing import pack, unpack
 from ghostgpu.quantity import Quantity
 from ghostgpu.signals.faults import PodFaults, pod_faults
@@ -80,6 +81,10 @@ class PodView:
     faults: PodFaults  # container terminations from status (signals/faults.py), read at cache time
     # Only the ghostgpu.io/ annotations: where verdicts land when the workload cannot be written.
     annotations: Mapping[str, str] = field(default_factory=dict)
+    # DRA (claims.py): the ResourceClaims it uses, by name; its DRA GPUs are added to
+    # gpu_requests at each snapshot, and gpus_unknown says a claim of it is not known yet.
+    claims: tuple[str, ...] = ()
+    gpus_unknown: bool = False
 
     @property
     def running(self) -> bool:
@@ -253,6 +258,7 @@ def pod_view(obj: Mapping[str, Any], is_gpu: GpuPredicate) -> PodView:
         shares_pids=bool(spec.get("shareProcessNamespace")),
         faults=pod_faults(status),
         annotations=ours or _EMPTY,
+        claims=pod_claim_names(spec, status),
     )
 
 
