@@ -643,6 +643,15 @@ class GrafanaDashboardConfig(Model):
     )
 
 
+class DraFlavor(Model):
+    """A DRA flavor as the controller sees it (rendered from `flavors[].deviceClass`)."""
+
+    name: Name
+    device_class: DeviceClassName
+    resource: KueueResourceName  # what Kueue charges its devices under
+    node_labels: LabelMap = Field(default_factory=dict)
+
+
 class ControllerConfig(Model):
     """Everything `ghostgpu controller` needs; rendered into controller/configmap.yaml."""
 
@@ -678,6 +687,11 @@ class ControllerConfig(Model):
         default_factory=list,
         description="how to stop and restore more manager kinds (an in-house operator), added to the "
         "built-in table or replacing a built-in of the same kind (docs/managers.md)",
+    )
+    dra_flavors: list[DraFlavor] = Field(
+        default_factory=list,
+        description="written by render from the flavors that name a deviceClass (not by hand in "
+        "ghostgpu.yaml): the controller counts their GPUs from ResourceClaims (docs/dra.md)",
     )
     kueue_nudge: bool = Field(
         False,
@@ -774,6 +788,19 @@ class GhostgpuConfig(Model):
         if flavor.resource is not None:
             return flavor.resource
         return next(d.resource for d in self.device_classes if d.name == flavor.device_class)
+
+    def dra_flavors(self) -> list[DraFlavor]:
+        """The DRA flavors as the controller's config carries them (controller.draFlavors)."""
+        return [
+            DraFlavor(
+                name=f.name,
+                device_class=f.device_class,
+                resource=self.charged_resource(f),
+                node_labels=dict(f.node_labels),
+            )
+            for f in self.flavors
+            if f.device_class is not None
+        ]
 
     def namespaces_of(self, team: str) -> list[StaticNamespace]:
         return [ns for ns in self.namespaces if ns.team == team]

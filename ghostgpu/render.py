@@ -564,6 +564,8 @@ def _agent_config(cfg: c.GhostgpuConfig) -> dict[str, Any]:
     flavor names a device class, so a file that does not use DRA renders the ConfigMap it did
     before DRA support (the agent reads neither)."""
     data = cfg.model_dump(by_alias=True, mode="json")
+    if not data["controller"]["draFlavors"]:
+        del data["controller"]["draFlavors"]
     if not cfg.dra_classes:
         del data["deviceClasses"]
         for flavor in data["flavors"]:
@@ -595,12 +597,22 @@ def _agent_context(cfg: c.GhostgpuConfig) -> dict[str, Any]:
     }
 
 
+def _controller_config(cfg: c.GhostgpuConfig) -> dict[str, Any]:
+    """The controller section as its ConfigMap carries it, with the DRA flavors it counts from
+    ResourceClaims (draFlavors); the key is left out while no flavor names a device class."""
+    ctrl = cfg.controller.model_copy(update={"dra_flavors": cfg.dra_flavors()})
+    data = ctrl.model_dump(by_alias=True, mode="json")
+    if not data["draFlavors"]:
+        del data["draFlavors"]
+    return data
+
+
 def _controller_context(cfg: c.GhostgpuConfig) -> dict[str, Any]:
     ctrl = cfg.controller
     table = ActuatorTable(ctrl.actuators)
     m = ctrl.metrics.active
     a = ctrl.alerts
-    controller_yaml = to_yaml(ctrl.model_dump(by_alias=True, mode="json"))
+    controller_yaml = to_yaml(_controller_config(cfg))
     # Changing the ConfigMap changes this hash, which rolls the Deployment.
     config_hash = hashlib.sha256(controller_yaml.encode()).hexdigest()[:16]
     labels = {"app.kubernetes.io/name": "ghostgpu-controller", **PART_OF}
@@ -645,6 +657,7 @@ def _controller_context(cfg: c.GhostgpuConfig) -> dict[str, Any]:
         "controller_yaml": controller_yaml,
         "namespaced_role": NAMESPACED_ROLE,
         "kueue_nudge": ctrl.kueue_nudge,
+        "dra": bool(cfg.dra_classes),  # read ResourceClaims: the controller counts DRA GPUs
         # RBAC from the actuator table: read the manager kinds everywhere (owner chains), and in
         # opted-in namespaces only the verbs each actuator's stop needs.
         "manager_read_rules": table.read_rules(),

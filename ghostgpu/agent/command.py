@@ -152,7 +152,7 @@ def run_agent_command(
 
     async def main() -> None:
         api = await kube_api(kubeconfig)
-        known = [f.resource for f in loaded.flavors or []]
+        known = [f.resource for f in loaded.flavors or [] if f.device_class is None]
         await Agent(api, s, loaded.controller.processes.policy(), known).run()
 
     asyncio.run(main())

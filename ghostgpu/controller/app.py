@@ -28,6 +28,7 @@ from ghostgpu.controller.books.accounting import FlavorSpec, node_flavor
 from ghostgpu.controller.books.decisions import DecisionLog
 from ghostgpu.controller.books.placeholders import ReservationMetrics, Reservations, reserve
 from ghostgpu.controller.budget import BudgetedApi, BudgetedExec, BudgetMetrics, RequestBudget
+from ghostgpu.controller.claims import DraCounter, claim_view
 from ghostgpu.controller.inventory import (
     GpuPredicate,
     OwnerRef,
@@ -62,6 +63,7 @@ from ghostgpu.signals.utilization import QuerySpec, UtilizationSource
 
 log = logging.getLogger("ghostgpu.controller")
 RESOURCEFLAVORS = ResourceType("kueue.x-k8s.io/v1beta2", "resourceflavors", namespaced=False)
+RESOURCECLAIMS = ResourceType("resource.k8s.io/v1", "resourceclaims", kind="ResourceClaim")
 
 
 @dataclass(frozen=True)
@@ -77,14 +79,21 @@ def load_any_config(path: str | Path | None) -> LoadedConfig:
     data = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
     if isinstance(data, dict) and data.get("kind") == "GhostgpuConfig":
         full = load_config(path)
-        # The controller counts device-plugin GPUs only: a DRA flavor's devices are in ResourceClaims.
+        # As render writes it into the ConfigMap: the DRA flavors ride in the controller section.
+        controller = full.controller.model_copy(update={"dra_flavors": full.dra_flavors()})
         flavors = [
             FlavorSpec(f.name, f.resource, dict(f.node_labels))
             for f in full.flavors
             if f.resource is not None
         ]
-        return LoadedConfig(full.controller, flavors)
+        return LoadedConfig(controller, flavors + dra_flavor_specs(controller))
     return LoadedConfig(load_controller_config(path), None)
+
+
+def dra_flavor_specs(cfg: ControllerConfig) -> list[FlavorSpec]:
+    """The DRA flavors (controller.draFlavors, rendered from flavors[].deviceClass): Kueue's
+    ResourceFlavors do not say which device class a flavor's resource stands for."""
+    return [FlavorSpec(f.name, f.resource, dict(f.node_labels), f.device_class) for f in cfg.dra_flavors]
 
 
 async def discover_flavors(cluster: Cluster, is_gpu: GpuPredicate) -> list[FlavorSpec]:
@@ -119,7 +128,13 @@ def _slim_node(obj: Mapping[str, Any]) -> dict[str, Any]:
 class Informers:
     """The watch caches the controller reads from."""
 
-    def __init__(self, api: Any, is_gpu: GpuPredicate, table: ActuatorTable | None = None) -> None:
+    def __init__(
+        self,
+        api: Any,
+        is_gpu: GpuPredicate,
+        table: ActuatorTable | None = None,
+        gpu_classes: Sequence[str] = (),
+    ) -> None:
         tracked = f"{keys.TRACKED_LABEL}=true"
         self.namespaces = Reflector(
             api, NAMESPACES, transform=lambda o: dict((o.get("metadata") or {}).get("labels") or {})
@@ -141,6 +156,9 @@ class Informers:
         )
         # Owner chains up to each workload's manager (managers.py, actuators.py).
         self.managers = ManagerInformers(api, is_gpu, table or ActuatorTable())
+        # Only with DRA flavors (their device classes): the devices allocated to each claim.
+        self.claims = Reflector(api, RESOURCECLAIMS, transform=claim_view) if gpu_classes else None
+        self.dra = DraCounter(gpu_classes)
         self.all = [
             self.namespaces,
             self.pods,
@@ -148,6 +166,7 @@ class Informers:
             self.deployments,
             self.statefulsets,
             *self.managers.reflectors,
+            *([self.claims] if self.claims is not None else []),
         ]
 
     @property
@@ -167,6 +186,8 @@ class Informers:
             pods.append(entry.view)
             if entry.workload is not None:
                 workloads[entry.workload.ref] = entry.workload
+        if self.claims is not None:
+            pods = self.dra.pods(pods, self.claims.store)
         nodes = []
         for n in self.nodes.store.values():
             f = node_flavor(n, flavors)
@@ -293,10 +314,11 @@ async def run_controller(
         metrics=BudgetMetrics(metrics.registry),
     )
     cluster = Cluster(BudgetedApi(api, budget), instance=identity)
-    known = [f.resource for f in loaded.flavors or []]
+    dra_flavors = dra_flavor_specs(cfg)
+    known = [f.resource for f in loaded.flavors or [] if f.device_class is None]
     is_gpu = gpu_predicate(known)
     table = ActuatorTable(cfg.actuators)
-    informers = Informers(api, is_gpu, table)
+    informers = Informers(api, is_gpu, table, sorted({f.key for f in dra_flavors}))
     elector = LeaderElector(
         api,
         namespace=lease_namespace or os.environ.get("POD_NAMESPACE") or cfg.namespace,
@@ -382,8 +404,8 @@ async def run_controller(
         polls = 0
         while not stop.is_set():
             tick = time.monotonic()
-            if flavors is None or not flavors:
-                flavors = await discover_flavors(cluster, is_gpu) or None
+            if loaded.flavors is None and not any(f.device_class is None for f in flavors or []):
+                flavors = (await discover_flavors(cluster, is_gpu) + dra_flavors) or None
             snap = informers.snapshot(flavors or [])
             result: PollResult | None = None
             try:

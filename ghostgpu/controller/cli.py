@@ -130,7 +130,7 @@ def status(
         "in opted-in namespaces, by verdict (UNTRACKED_OWNER: GPU pods no tracked workload owns; "
         "counted, never acted on) · reserved: of those, reserved in Kueue by placeholder Workloads "
         "(controller.reservation; admitted includes them) · free: truly free · Kueue free: nominal "
-        "quota - admitted",
+        "quota - admitted · ?: unknown (a DRA flavor's devices are in ResourceSlices, not read)",
     )
     cols = ("flavor", "alloc", "admitted", "outside", "by verdict", "reserved", "free", "Kueue free", "gap")
     for col in cols:
@@ -139,14 +139,14 @@ def status(
         by = ", ".join(f"{k} {v:g}" for k, v in sorted(a.outside_kueue.items())) or "-"
         table.add_row(
             a.flavor,
-            f"{a.allocatable:g}",
+            "?" if a.dra else f"{a.allocatable:g}",
             f"{a.kueue_admitted:g}",
             f"{a.held_outside_kueue:g}",
             by,
             f"{a.reserved_outside:g}",
-            f"{a.truly_free:g}",
+            "?" if a.dra else f"{a.truly_free:g}",
             f"{a.kueue_believes_free:g}",
-            f"{a.gap:g}",
+            "?" if a.dra else f"{a.gap:g}",
         )
     Console().print(table)
 

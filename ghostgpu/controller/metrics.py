@@ -119,6 +119,8 @@ class ControllerMetrics:
                 ("truly_free", a.truly_free),
                 ("kueue_believes_free", a.kueue_believes_free),
             ):
+                if a.dra and kind in ("allocatable", "truly_free"):
+                    continue  # a DRA flavor's capacity is unknown (accounting.FlavorAccount.dra)
                 self.flavor_gpus.labels(a.flavor, kind).set(value)
             for verdict, value in a.outside_kueue.items():
                 self.flavor_outside.labels(a.flavor, verdict).set(value)

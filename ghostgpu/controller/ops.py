@@ -11,8 +11,16 @@ from ghostgpu.config import ControllerConfig
 from ghostgpu.controller import keys
 from ghostgpu.controller.act import stops
 from ghostgpu.controller.act.revert_guard import RESTORE_MANAGER
-from ghostgpu.controller.app import LoadedConfig, _kube_api, _slim_node, discover_flavors
+from ghostgpu.controller.app import (
+    RESOURCECLAIMS,
+    LoadedConfig,
+    _kube_api,
+    _slim_node,
+    discover_flavors,
+    dra_flavor_specs,
+)
 from ghostgpu.controller.books.accounting import FlavorAccount, FlavorSpec, node_flavor
+from ghostgpu.controller.claims import DraCounter, claim_view
 from ghostgpu.controller.inventory import (
     OwnerRef,
     WorkloadRef,
@@ -227,8 +235,9 @@ async def _status_snapshot(
     """The cluster as the controller's caches would show it: one list per kind."""
     api = await _kube_api(kubeconfig)
     cluster = Cluster(api, instance="ghostgpu-status")
-    is_gpu = gpu_predicate([f.resource for f in loaded.flavors or []])
-    flavors: list[FlavorSpec] = loaded.flavors or await discover_flavors(cluster, is_gpu)
+    is_gpu = gpu_predicate([f.resource for f in loaded.flavors or [] if f.device_class is None])
+    dra = dra_flavor_specs(loaded.controller)
+    flavors: list[FlavorSpec] = loaded.flavors or (await discover_flavors(cluster, is_gpu) + dra)
     tracked: dict[WorkloadRef, Any] = {}
     chain: dict[tuple[str, str, str], OwnerRef | None] = {}  # Deployment/StatefulSet/Job -> its owner
     listed = (("Deployment", DEPLOYMENTS), ("StatefulSet", STATEFULSETS), ("Job", JOBS), ("Pod", PODS))
@@ -254,6 +263,9 @@ async def _status_snapshot(
         f = node_flavor(n, flavors)
         n["_flavor"] = f.name if f else "unknown"
     pods = [pod_view(p, is_gpu) for p in await cluster.list(PODS)]
+    if dra:  # DRA flavors: a pod's GPUs are also the devices allocated to its ResourceClaims
+        claims = {(c.namespace, c.name): c for c in map(claim_view, await cluster.list(RESOURCECLAIMS))}
+        pods = DraCounter(sorted({f.key for f in dra})).pods(pods, claims)
     try:
         cqs = await cluster.list(CLUSTERQUEUES)
     except Exception:

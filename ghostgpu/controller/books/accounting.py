@@ -15,9 +15,19 @@ from ghostgpu.quantity import Quantity
 
 @dataclass(frozen=True, slots=True)
 class FlavorSpec:
+    """A GPU flavor: `resource` is what Kueue charges (a device-plugin resource, or the Kueue
+    resource of a DRA flavor's device class); `device_class` is set for a DRA flavor."""
+
     name: str
     resource: str
     node_labels: Mapping[str, str]
+    device_class: str | None = None
+
+    @property
+    def key(self) -> str:
+        """The key of a pod's gpu_requests its GPUs are under: the device-plugin resource, or
+        the device class (claims.py adds a DRA pod's devices under their class)."""
+        return self.device_class or self.resource
 
 
 @dataclass
@@ -34,6 +44,10 @@ class FlavorAccount:
     # Kueue, and what placeholder Workloads Kueue admitted (part of kueue_admitted).
     reservation_desired: float = 0.0
     reserved_outside: float = 0.0
+    # A DRA flavor: its devices are published in ResourceSlices, which the controller does not
+    # read, so its allocatable (and what is truly free, and the gap) is unknown, never 0.
+    dra: bool = False
+    gpus_unknown_pods: int = 0  # pods on its nodes whose ResourceClaims are not known yet
 
     @property
     def held_outside_kueue(self) -> float:
@@ -53,6 +67,12 @@ class FlavorAccount:
         return max(0.0, self.kueue_believes_free - self.truly_free)
 
     def as_dict(self) -> dict[str, Any]:
+        if self.dra:
+            unknown = {"allocatable": None, "trulyFree": None, "gap": None}
+            return {**self._as_dict(), **unknown, "gpusUnknownPods": self.gpus_unknown_pods}
+        return self._as_dict()
+
+    def _as_dict(self) -> dict[str, Any]:
         return {
             "flavor": self.flavor,
             "resource": self.resource,
@@ -81,16 +101,19 @@ def _qty(value: Any) -> float:
 def node_flavors_of(node: Mapping[str, Any], flavors: Sequence[FlavorSpec]) -> list[FlavorSpec]:
     labels = (node.get("metadata") or {}).get("labels") or {}
     alloc = (node.get("status") or {}).get("allocatable") or {}
+    # A DRA flavor's nodes advertise no allocatable for it: its node labels alone say.
     return [
         f
         for f in flavors
-        if f.resource in alloc and all(labels.get(k) == v for k, v in f.node_labels.items())
+        if (f.device_class is not None or f.resource in alloc)
+        and all(labels.get(k) == v for k, v in f.node_labels.items())
     ]
 
 
 def node_flavor(node: Mapping[str, Any], flavors: Sequence[FlavorSpec]) -> FlavorSpec | None:
-    """The first matching flavor (labels the ghost-GPU metric)."""
-    matching = node_flavors_of(node, flavors)
+    """The first matching flavor (labels the ghost-GPU metric); a device-plugin flavor first, so a
+    DRA flavor (matched by node labels alone) never relabels a device-plugin node."""
+    matching = sorted(node_flavors_of(node, flavors), key=lambda f: f.device_class is not None)
     return matching[0] if matching else None
 
 
@@ -103,7 +126,7 @@ def account(
 ) -> list[FlavorAccount]:
     """`outside_kueue` maps (namespace, pod) of every tracked workload's pod to its verdict
     bucket (ACTIVE, FINISHED_IDLE, ..., or PENDING / EXEMPT for pods not judged)."""
-    accounts = {f.name: FlavorAccount(f.name, f.resource) for f in flavors}
+    accounts = {f.name: FlavorAccount(f.name, f.resource, dra=f.device_class is not None) for f in flavors}
     # A node can back several flavors (a TAS and a plain flavor over the same GPUs): each flavor's
     # ledger counts it, as each ClusterQueue's books do.
     node_flavors: dict[str, list[FlavorSpec]] = {}
@@ -113,12 +136,17 @@ def account(
         node_flavors[name] = matching
         alloc = (node.get("status") or {}).get("allocatable") or {}
         for f in matching:
-            accounts[f.name].allocatable += _qty(alloc[f.resource])
+            if f.device_class is None:
+                accounts[f.name].allocatable += _qty(alloc[f.resource])
     for pod in pods:
+        if pod.gpus_unknown and pod.node_name:
+            for f in node_flavors.get(pod.node_name, []):
+                if f.device_class is not None:
+                    accounts[f.name].gpus_unknown_pods += 1
         if not pod.holds_gpus:
             continue
         for f in node_flavors.get(pod.node_name or "", []):
-            count = pod.gpu_requests.get(f.resource, 0.0)
+            count = pod.gpu_requests.get(f.key, 0.0)
             if not count:
                 continue
             acc = accounts[f.name]

@@ -51,7 +51,13 @@ async def reserve(
     leader: bool,
 ) -> None:
     """controller.reservation, once per poll after the reconcile: the GPUs held outside Kueue (as the
-    poll's snapshot shows them) reserved in each team's ClusterQueue (reservation.py)."""
+    poll's snapshot shows them) reserved in each team's ClusterQueue (reservation.py). While a
+    pod's DRA GPUs are unknown (a ResourceClaim not in the cache yet, claims.py), nothing is
+    created or deleted: a count short of that pod's devices would hand its quota back to Kueue."""
+    unknown = [p for p in snap.pods if p.gpus_unknown]
+    if unknown:
+        log.info("reservation waits: DRA GPUs unknown", extra={"pods": len(unknown)})
+        return
     try:
         lqs = await reservations.local_queues()
         desired = desired_from(

@@ -180,7 +180,7 @@ def desired_reservations(
             if not pod.holds_gpus:
                 continue
             for f in node_flavor_names.get(pod.node_name or "", []):
-                count = pod.gpu_requests.get(f.resource, 0.0)
+                count = pod.gpu_requests.get(f.key, 0.0)
                 if count and f.resource in quota.get(f.name, ()):
                     key = (ref.namespace, _holder(ref), f.name, f.resource, cq, team)
                     totals[key] = totals.get(key, 0.0) + count

@@ -174,6 +174,11 @@ class Observer:
                 result.states["reclaimed" if stopped else "no-running-pod"] += 1
                 st.reset_window()
                 continue
+            if any(p.gpus_unknown for p in running):
+                # A ResourceClaim of its pods is not in the cache yet (claims.py): not judged
+                # this poll (no sample, no verdict), never judged on GPUs it may hold.
+                result.states["gpus-unknown"] += 1
+                continue
             if self._settling(ref, running, now):
                 result.states["reclaimed"] += 1  # the cache has not seen the scale-down yet
                 st.reset_window()
