@@ -652,6 +652,20 @@ class DraFlavor(Model):
     node_labels: LabelMap = Field(default_factory=dict)
 
 
+class GitOpsConfig(Model):
+    """The GitOps pre-flight before a stop (ghostgpu/controller/act/gitops.py, docs/gitops.md)."""
+
+    orphan_markers: Literal["escalate", "stale"] = Field(
+        "escalate",
+        description="what an Argo CD tracking id or Flux label means when this cluster has no such "
+        "Application, Kustomization or HelmRelease. escalate: a manager in another cluster (a hub Argo "
+        "CD, a Flux with spec.kubeConfig) may sync the workload back, so the reclaim is escalated "
+        "once with the fix and nothing is written; stale: nothing outside this cluster manages its "
+        "workloads (or the remote managers ignore what the stop writes), so the marker is stale and "
+        "the workload is reclaimed",
+    )
+
+
 class ControllerConfig(Model):
     """Everything `ghostgpu controller` needs; rendered into controller/configmap.yaml."""
 
@@ -683,6 +697,7 @@ class ControllerConfig(Model):
     grafana_dashboard: GrafanaDashboardConfig = Field(default_factory=GrafanaDashboardConfig)
     # The risk gate (ghostgpu.autonomy): thresholds from `ghostgpu calibrate`, weights, action table.
     autonomy: AutonomyConfig = Field(default_factory=AutonomyConfig)
+    gitops: GitOpsConfig = Field(default_factory=GitOpsConfig)
     actuators: list[Actuator] = Field(
         default_factory=list,
         description="how to stop and restore more manager kinds (an in-house operator), added to the "

@@ -348,8 +348,11 @@ async def run_controller(
         ledger=ReplicaLedger(cluster, cfg.namespace),
         # Read-only: the Argo CD Application / Flux Kustomization or HelmRelease that syncs a
         # workload, before stopping it (gitops.py). Argo CD's control-plane namespace is `argocd`;
-        # an Application elsewhere is found by name when it is the only one.
-        gitops=GitOpsPreflight(ApiReader(api), field_manager=cluster.field_manager),
+        # an Application elsewhere is found by name when it is the only one. A marker whose manager
+        # is not in this cluster escalates unless gitops.orphanMarkers says such markers are stale.
+        gitops=GitOpsPreflight(
+            ApiReader(api), field_manager=cluster.field_manager, orphan_markers=cfg.gitops.orphan_markers
+        ),
     )
     reservations = Reservations(
         api, mode=cfg.reservation, local_queue=cfg.reservation_queue, emit_event=cluster.event

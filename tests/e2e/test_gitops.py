@@ -8,6 +8,8 @@ v1.9.4 CRD); no Argo CD or Flux controller runs, so their effect is made the way
   `argocd-controller`): exactly one ReclaimReverted naming it, 0 further reclaims over 5 windows
   although the workload is judged reclaimable again; after a spec change it is reclaimed again.
 - The same pre-flight for a Flux Kustomization.
+- A tracking id whose Application this cluster does not have (a hub Argo CD's): escalated once, 0
+  stop writes, under the default `gitops.orphanMarkers: escalate`; reclaimed under `stale`.
 - Faults during the action: the Application unreadable (real 403; a real hanging apiserver
   connection), a 409 on the record write (a real concurrent write), the object deleted
   mid-action: 0 false reclaims, 0 lost records.
@@ -164,6 +166,7 @@ class Rig:
         reader_kubeconfig: Path | None = None,
         cluster_factory: Callable[..., Cluster] = Cluster,
         preflight_timeout: float = 5.0,
+        controller: dict[str, Any] | None = None,
     ) -> None:
         import kr8s.asyncio
 
@@ -175,7 +178,14 @@ class Rig:
         self.tasks = [asyncio.create_task(r.run()) for r in self.informers.all]
         await asyncio.wait_for(self.informers.wait_synced(), 60)
         cfg = ControllerConfig.model_validate(
-            {"mode": "enforce", "window": WINDOW, "longWindow": 6, "startupGrace": "1s", "staleAfter": "30s"}
+            {
+                "mode": "enforce",
+                "window": WINDOW,
+                "longWindow": 6,
+                "startupGrace": "1s",
+                "staleAfter": "30s",
+                **(controller or {}),
+            }
         )
         self.prom = PrometheusClient(self.dc.state.prometheus_url, timeout=5.0)
         executor = KubeExec(api)
@@ -192,7 +202,13 @@ class Rig:
             s3=None,
             metrics=self.metrics,
             decision_log=DecisionLog(self.tmp / "decisions.jsonl"),
-            gitops=GitOpsPreflight(ApiReader(reader_api), cache_seconds=0, timeout=preflight_timeout),
+            # As app.py builds it: the configuration says what a marker without its manager means.
+            gitops=GitOpsPreflight(
+                ApiReader(reader_api),
+                cache_seconds=0,
+                timeout=preflight_timeout,
+                orphan_markers=cfg.gitops.orphan_markers,
+            ),
         )
 
     async def stop(self) -> None:
@@ -405,6 +421,61 @@ async def test_flux_kustomization_blocks_until_it_ignores_replicas(
     finally:
         await rig.stop()
         await asyncio.to_thread(kube.delete, "kustomize.toolkit.fluxcd.io/v1", "Kustomization", ks, FLUX_NS)
+
+
+async def test_a_tracking_id_whose_application_is_absent_escalates_unless_markers_are_stale(
+    devcluster: DevCluster, gitops_ns: str, tmp_path: Path
+) -> None:
+    """A hub Argo CD keeps the Application in the hub: here the workload carries its tracking id and
+    the Application CRD is installed, but no Application of that name exists in any namespace."""
+    ns, kube = gitops_ns, devcluster.kube
+    app = f"hub-{ns}"  # never created in this cluster
+    await asyncio.to_thread(kube.apply, manifest("ghost", ns, annotations=tracking_id(app, ns, "ghost")), GIT)
+    rig = Rig(devcluster, ns, tmp_path)
+    await rig.start()  # gitops.orphanMarkers: the default, escalate
+    rigs = [rig]
+    try:
+        # 1. escalate: held and escalated once, nothing stopped, for 3 windows.
+        await rig.ghosts_running({"ghost": 1})
+        await rig.poll_until("ghost:gitops-unseen")
+        for _ in range(3 * WINDOW):
+            await rig.poll()
+        d = rig.deployment("ghost")
+        assert d.spec.replicas == 1 and RECORD not in (d.metadata.annotations or {})
+        assert "ghostgpu-controller" not in rig.replicas_writers("ghost")  # 0 stop writes
+        assert rig.outcomes["ghost:scaled-to-zero"] == 0
+        assert rig.outcomes["ghost:gitops-unseen"] >= 3 * WINDOW, dict(rig.outcomes)
+        escalated = rig.events("ghost", "ReclaimEscalated")
+        assert len(escalated) == 1, [e.message for e in escalated]
+        message = escalated[0].message
+        assert f"this cluster has no Application {ARGOCD_NS}/{app}" in message, message
+        assert "controller.gitops.orphanMarkers: stale" in message, message
+        # The entry for the hub's Application, merged into one as it is, passes the real CRD.
+        fix = yaml.safe_load(message.split("Application where it runs:\n", 1)[1])["spec"]
+        hub = application(app, ns, fixed=False)
+        hub["spec"]["ignoreDifferences"] = fix["ignoreDifferences"]
+        hub["spec"]["syncPolicy"]["syncOptions"] += fix["syncPolicy"]["syncOptions"]
+        stored = await asyncio.to_thread(kube.apply, hub, field_manager="hub-fix-test", dry_run=True)
+        assert stored.to_dict()["spec"]["ignoreDifferences"] == fix["ignoreDifferences"]
+        print(f"GITOPS-UNSEEN escalate={dict(sorted(rig.outcomes.items()))}")
+        await rig.stop()
+        rigs.clear()
+
+        # 2. stale: the same workload, a controller configured with orphanMarkers: stale.
+        (tmp_path / "stale").mkdir()
+        rig = Rig(devcluster, ns, tmp_path / "stale")
+        rigs.append(rig)
+        await rig.start(controller={"gitops": {"orphanMarkers": "stale"}})
+        await rig.ghosts_running({"ghost": 1})
+        await rig.poll_until("ghost:scaled-to-zero")
+        d = rig.deployment("ghost")
+        assert d.spec.replicas == 0 and d.metadata.annotations[RECORD] == "1"
+        assert rig.outcomes["ghost:gitops-unseen"] == 0, dict(rig.outcomes)
+        assert len(rig.events("ghost", "ReclaimEscalated")) == 1  # only the first controller's
+        print(f"GITOPS-UNSEEN stale={dict(sorted(rig.outcomes.items()))}")
+    finally:
+        for r in rigs:
+            await r.stop()
 
 
 # --- faults during the action ----------------------------------------------------------------------

@@ -245,3 +245,23 @@ def test_a_bad_process_source_names_the_key_and_the_allowed_values() -> None:
     assert "controller.processSource" in text
     assert "'agent'" in text and "'exec'" in text
     assert "line " in text
+
+
+def test_gitops_orphan_markers_default_to_escalate() -> None:
+    # The safe default: a GitOps marker whose manager is not in this cluster (a hub Argo CD's
+    # Application) holds the reclaim; `stale` says no manager outside the cluster exists.
+    assert load_config_text(MINIMAL).controller.gitops.orphan_markers == "escalate"
+    assert load_default_config().controller.gitops.orphan_markers == "escalate"
+    cfg = load_config_text(MINIMAL + "controller: {gitops: {orphanMarkers: stale}}\n")
+    assert cfg.controller.gitops.orphan_markers == "stale"
+
+
+@pytest.mark.parametrize("value", ["ignore", "true", "Stale", "[stale]"])
+def test_a_bad_orphan_markers_value_names_file_key_and_the_allowed_values(value: str) -> None:
+    from ghostgpu.config import ConfigError
+
+    with pytest.raises(ConfigError) as err:
+        load_config_text(MINIMAL + f"controller:\n  gitops:\n    orphanMarkers: {value}\n", "my-cluster.yaml")
+    [line] = err.value.lines()
+    assert line.startswith("my-cluster.yaml: controller.gitops.orphanMarkers: expected 'escalate' or 'stale'")
+    assert line.endswith("(line 10)")

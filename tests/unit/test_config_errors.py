@@ -273,3 +273,16 @@ def test_a_value_yaml_cannot_construct_is_a_clear_error_not_a_crash(value: str, 
     assert (
         line.startswith(f"cluster.yaml: invalid YAML: cannot read the value {shown}") and "(line 7)" in line
     )
+
+
+def test_the_controller_file_names_the_gitops_key_at_its_own_path(tmp_path: Path) -> None:
+    path = tmp_path / "ghostgpu-controller.yaml"
+    path.write_text("mode: enforce\ngitops:\n  orphanMarkers: remote\n")
+    with pytest.raises(ConfigError) as info:
+        load_controller_config(path)
+    [line] = info.value.lines()
+    assert line == f"{path}: gitops.orphanMarkers: expected 'escalate' or 'stale', got 'remote' (line 3)"
+    path.write_text("gitops:\n  orphanMarker: stale\n")  # a typo is an unknown key, not a default
+    with pytest.raises(ConfigError) as info:
+        load_controller_config(path)
+    assert "gitops.orphanMarker" in info.value.lines()[0]

@@ -361,13 +361,79 @@ async def test_application_lookup_and_block_cache() -> None:
     assert (await pf.check(TRACKED, WRITES)).outcome is Outcome.UNKNOWN
 
 
-async def test_no_manager_or_a_missing_one_is_clear() -> None:
-    pf = GitOpsPreflight(Reader({}))
-    assert (await pf.check(deployment(), WRITES)).outcome is Outcome.CLEAR
-    assert (await pf.check(TRACKED, WRITES)).outcome is Outcome.CLEAR  # no such Application
-    helm = deployment(labels={"app.kubernetes.io/instance": "gpu"})  # Helm's label, no Application
-    pre = await pf.check(helm, WRITES)
-    assert pre.outcome is Outcome.CLEAR and "Helm" in pre.reason
+async def test_no_marker_or_a_helm_label_is_clear() -> None:
+    for orphans in ("escalate", "stale"):
+        pf = GitOpsPreflight(Reader({}), orphan_markers=orphans)
+        assert (await pf.check(deployment(), WRITES)).outcome is Outcome.CLEAR
+        helm = deployment(labels={"app.kubernetes.io/instance": "gpu"})  # Helm's label, no Application
+        pre = await pf.check(helm, WRITES)
+        assert pre.outcome is Outcome.CLEAR and "Helm" in pre.reason
+
+
+async def test_a_tracking_id_without_its_application_here_escalates_with_the_fix() -> None:
+    """A hub Argo CD keeps its Applications in the hub: the marker is there, the Application is not."""
+    reader = Reader({})
+    pf = GitOpsPreflight(reader)  # the default: escalate
+    pre = await pf.check(TRACKED, WRITES)
+    assert pre.outcome is Outcome.UNSEEN and pre.blocks, pre
+    assert pre.manager == APP_REF
+    assert "this cluster has no Application argocd/gpu (nor an Application gpu in another namespace)" in (
+        pre.reason
+    )
+    assert "hub Argo CD" in pre.reason and "self-heal would put /spec/replicas back" in pre.reason
+    assert "make the Application readable here" in pre.reason
+    assert pre.reason.count("controller.gitops.orphanMarkers: stale") == 2
+    # The entry is the one that makes the hub's Application keep the stop.
+    fix = yaml.safe_load(pre.fix)["spec"]
+    assert fix["syncPolicy"] == {"syncOptions": [RESPECT_IGNORE]}
+    fixed = app(syncPolicy={**SELF_HEAL, **fix["syncPolicy"]}, ignoreDifferences=fix["ignoreDifferences"])
+    assert argocd_preflight(fixed, TARGET, WRITES, field_manager=FM, ref=APP_REF).outcome is Outcome.CLEAR
+    # A prefixed app name is looked up in its namespace only.
+    prefixed = deployment(annotations={ARGOCD_TRACKING_ID: "team-x_gpu:apps/Deployment:team-a/train"})
+    pre = await pf.check(prefixed, WRITES)
+    assert pre.outcome is Outcome.UNSEEN and "this cluster has no Application team-x/gpu:" in pre.reason
+    # Blocked like the other blocking answers: cached, not read again every poll.
+    calls = reader.calls
+    assert (await pf.check(TRACKED, WRITES)).outcome is Outcome.UNSEEN
+    assert reader.calls == calls
+
+
+async def test_orphan_markers_stale_reclaims_what_has_no_manager_here() -> None:
+    pf = GitOpsPreflight(Reader({}), orphan_markers="stale")
+    pre = await pf.check(TRACKED, WRITES)
+    assert pre.outcome is Outcome.CLEAR and "does not exist" in pre.reason, pre
+    # Only the missing manager changes: an Application that is here is still read and obeyed.
+    pf = GitOpsPreflight(Reader({("applications", "argocd", "gpu"): app(syncPolicy=SELF_HEAL)}),
+                         orphan_markers="stale")  # fmt: skip
+    assert (await pf.check(TRACKED, WRITES)).outcome is Outcome.REVERTS
+    with pytest.raises(ValueError, match="escalate or stale"):
+        GitOpsPreflight(Reader({}), orphan_markers="ignore")  # type: ignore[arg-type]
+
+
+async def test_flux_markers_without_their_object_here_escalate_too() -> None:
+    """A Kustomization or HelmRelease with spec.kubeConfig applies to another cluster: its labels
+    land on objects in a cluster that has no such Kustomization."""
+    ks = deployment(
+        labels={
+            "kustomize.toolkit.fluxcd.io/name": "apps",
+            "kustomize.toolkit.fluxcd.io/namespace": "flux-system",
+        }
+    )
+    hr = deployment(labels={"helm.toolkit.fluxcd.io/name": "trainer"})
+    pre = await GitOpsPreflight(Reader({})).check(ks, WRITES)
+    assert pre.outcome is Outcome.UNSEEN and "no Kustomization flux-system/apps" in pre.reason
+    assert "spec.kubeConfig" in pre.reason
+    fix = yaml.safe_load(pre.fix)["spec"]
+    fixed = {"spec": {"interval": "1m", **fix}}
+    ref = ManagerRef(ManagerKind.KUSTOMIZATION, "flux-system", "apps", "kustomize.toolkit.fluxcd.io/name")
+    assert kustomization_preflight(fixed, ks, WRITES, ref=ref).outcome is Outcome.CLEAR
+    pre = await GitOpsPreflight(Reader({})).check(hr, WRITES)
+    assert pre.outcome is Outcome.UNSEEN and "no HelmRelease team-a/trainer" in pre.reason
+    assert "driftDetection" in pre.fix
+    for obj in (ks, hr):
+        assert (await GitOpsPreflight(Reader({}), orphan_markers="stale").check(obj, WRITES)).outcome is (
+            Outcome.CLEAR
+        )
 
 
 def test_the_argocd_example_for_gpu_workloads_keeps_every_stop() -> None:

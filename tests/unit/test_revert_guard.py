@@ -184,6 +184,52 @@ async def test_an_unreadable_application_blocks_once(tmp_path: Path) -> None:
     assert dict(result.actions)[REF] == "gitops-unknown"
 
 
+async def test_a_marker_whose_application_is_not_here_escalates_once_and_writes_nothing(
+    tmp_path: Path,
+) -> None:
+    """The tracking id names an Application this cluster does not have (a hub Argo CD's): held, one
+    ReclaimEscalated with the ways out, no record and no scale over every blocked poll."""
+    h = Harness(tmp_path, mode="enforce", startupGrace="1s")  # gitops.orphanMarkers: the default
+    h.add("done", table=FINISHED, ann={ARGOCD_TRACKING_ID: f"gpu:apps/Deployment:{NS}/done"})
+    h.rec.actor.stops.gitops = GitOpsPreflight(  # type: ignore[arg-type]
+        Reader(None), cache_seconds=0, orphan_markers=h.cfg.gitops.orphan_markers
+    )
+    messages: list[str] = []
+    event = h.cluster.event
+
+    async def recording(involved: Any, *, reason: str, message: str, type_: str = "Normal") -> None:
+        if reason == "ReclaimEscalated":
+            messages.append(message)
+        await event(involved, reason=reason, message=message, type_=type_)
+
+    h.cluster.event = recording  # type: ignore[method-assign]
+    result = await h.polls(8)
+    assert dict(result.actions)[REF] == "gitops-unseen"
+    assert h.cluster.scaled == [] and h.replicas("done") == 1
+    stop_writes = [
+        a for r, a, _ in h.cluster.patches if r == REF and "ghostgpu.io/reclaimed-from-replicas" in a
+    ]
+    assert stop_writes == []
+    assert events(h, "ReclaimEscalated") == 1 and len(messages) == 1
+    assert h.metrics.escalations.labels(NS, "gitops-preflight")._value.get() == 1
+    (message,) = messages
+    assert "this cluster has no Application argocd/gpu" in message
+    assert "controller.gitops.orphanMarkers: stale" in message
+    assert "Fix: merge into the Application where it runs:" in message
+    assert "RespectIgnoreDifferences=true" in message and "/spec/replicas" in message
+    assert len(message) <= 1024  # an Event's message is cut there
+
+
+async def test_orphan_markers_stale_reclaims_a_marker_without_its_application(tmp_path: Path) -> None:
+    h = Harness(tmp_path, mode="enforce", startupGrace="1s", gitops={"orphanMarkers": "stale"})
+    h.add("done", table=FINISHED, ann={ARGOCD_TRACKING_ID: f"gpu:apps/Deployment:{NS}/done"})
+    h.rec.actor.stops.gitops = GitOpsPreflight(  # type: ignore[arg-type]
+        Reader(None), cache_seconds=0, orphan_markers=h.cfg.gitops.orphan_markers
+    )
+    await h.polls(5)
+    assert h.cluster.scaled == [(REF, 0)] and events(h, "ReclaimEscalated") == 0
+
+
 def revert(h: Harness, manager: str, at: datetime, replicas: int = 1) -> None:
     """What self-heal does: the Git manifest applied again puts replicas back, owned by `manager`."""
     o = h.objects[REF]

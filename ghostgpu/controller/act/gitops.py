@@ -30,7 +30,13 @@ When it reverts (read from the manager object, read-only):
   `driftDetection.ignore` rule covers every written pointer.
 
 Fail safe: a manager object that cannot be read (403, timeout, 5xx) gives UNKNOWN, which blocks the
-stop like a revert does. A manager object that does not exist syncs nothing.
+stop like a revert does. A manager object that does not exist here while the object carries its
+marker gives UNSEEN, which blocks too: the marker is written by the manager itself, and a hub Argo
+CD (its Applications in the hub cluster) or a Flux applying through `spec.kubeConfig` manages this
+cluster from another one, where it cannot be read. Unless the configuration says such markers are
+stale (`controller.gitops.orphanMarkers: stale`): then nothing syncs the object and the stop goes
+ahead. An Argo CD label (`app.kubernetes.io/instance`) without its Application is Helm's label, not
+a marker: clear either way.
 
 This module reads the managers (the only I/O); the rules above are gitops_rules.py (pure).
 """
@@ -40,7 +46,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 from ghostgpu.controller.act.gitops_rules import (
     RESOURCES,
@@ -54,7 +60,11 @@ from ghostgpu.controller.act.gitops_rules import (
     helmrelease_preflight,
     kustomization_preflight,
     managers_of,
+    unseen_preflight,
 )
+
+# What a marker whose manager object this cluster does not have means (controller.gitops.orphanMarkers).
+OrphanMarkers = Literal["escalate", "stale"]
 
 # --- reading the manager (the only I/O) ----------------------------------------------------------
 
@@ -105,7 +115,10 @@ class ApiReader:
 class GitOpsPreflight:
     """Reads the managers an object's markers name and says whether the stop would stick.
 
-    Blocking answers (REVERTS, UNKNOWN) are kept for `cache_seconds` per (manager, object, writes):
+    `orphan_markers`: "escalate" (a marker whose manager this cluster does not have blocks: UNSEEN)
+    or "stale" (it names nothing that syncs: CLEAR).
+
+    Blocking answers (REVERTS, UNKNOWN, UNSEEN) are kept for `cache_seconds` per (manager, object, writes):
     a blocked reclaim is planned again every poll, and its manager needs reading once a minute, not
     once a poll. A clear answer is never cached: the manager is read right before every stop."""
 
@@ -118,8 +131,12 @@ class GitOpsPreflight:
         timeout: float = 5.0,
         cache_seconds: float = 60.0,
         clock: Callable[[], float] = time.monotonic,
+        orphan_markers: OrphanMarkers = "escalate",
     ) -> None:
+        if orphan_markers not in ("escalate", "stale"):
+            raise ValueError(f"orphan_markers is escalate or stale, not {orphan_markers!r}")
         self.reader = reader
+        self.orphan_markers = orphan_markers
         self.argocd_namespace = argocd_namespace
         self.field_manager = field_manager
         self.timeout = timeout
@@ -175,8 +192,15 @@ class GitOpsPreflight:
                 ref,
             )
         if manager is None:
-            why = "a Helm label, not Argo CD" if not ref.confirmed else "nothing syncs it"
-            return Preflight(Outcome.CLEAR, f"{where} does not exist ({why})", ref)
+            if not ref.confirmed:
+                return Preflight(Outcome.CLEAR, f"{where} does not exist (a Helm label, not Argo CD)", ref)
+            if self.orphan_markers == "escalate":
+                if ref.kind is ManagerKind.APPLICATION and ref.namespace is None:
+                    where = f"{where} (nor an Application {ref.name} in another namespace)"
+                return unseen_preflight(ref, target, writes, where=where)
+            return Preflight(
+                Outcome.CLEAR, f"{where} does not exist (orphanMarkers: stale, nothing syncs it)", ref
+            )
         if ref.kind is ManagerKind.APPLICATION:
             return argocd_preflight(manager, target, writes, field_manager=self.field_manager, ref=ref)
         if ref.kind is ManagerKind.KUSTOMIZATION:

@@ -85,6 +85,7 @@ class Outcome(StrEnum):
     CLEAR = "clear"  # no manager, or none that would put the stop back
     REVERTS = "reverts"  # the manager would undo the stop: escalate with `fix`
     UNKNOWN = "unknown"  # the manager could not be read: fail safe, no action
+    UNSEEN = "unseen"  # a marker names a manager this cluster does not have (a hub's): no action
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,6 +149,41 @@ def managers_of(obj: Mapping[str, Any]) -> list[ManagerRef]:
         ns = labels.get(FLUX_HR_NAMESPACE) or target.namespace
         out.append(ManagerRef(ManagerKind.HELMRELEASE, ns, labels[FLUX_HR_NAME], FLUX_HR_NAME))
     return out
+
+
+# --- a marker whose manager is not in this cluster -----------------------------------------------
+
+ORPHAN_MARKERS_KEY = "controller.gitops.orphanMarkers"
+
+# Where else the manager may run, per kind, and how it would undo the stop from there.
+_ELSEWHERE = {
+    ManagerKind.APPLICATION: ("Argo CD", "a hub Argo CD managing this cluster", "self-heal"),
+    ManagerKind.KUSTOMIZATION: ("Flux", "a Flux Kustomization with spec.kubeConfig", "its next apply"),
+    ManagerKind.HELMRELEASE: ("Flux", "a Flux HelmRelease with spec.kubeConfig", "drift correction"),
+}
+
+
+def unseen_preflight(ref: ManagerRef, target: Target, writes: Sequence[str], *, where: str) -> Preflight:
+    """A marker naming a manager object this cluster does not have (`where`: what was looked up).
+    The marker is the manager's own (written when it applied the object), so either the manager
+    lives in another cluster, where this controller cannot read it, or it is gone and the marker is
+    stale; only the configuration can tell which (ORPHAN_MARKERS_KEY). Blocks, with the three ways
+    out; `fix` is the entry for the manager where it runs."""
+    tool, remote, undo = _ELSEWHERE[ref.kind]
+    if ref.kind is ManagerKind.APPLICATION:
+        fix = argocd_fix(target, writes, respect=False)
+    else:
+        fix = flux_ignore_fix(target, writes, helm=ref.kind is ManagerKind.HELMRELEASE)
+    return Preflight(
+        Outcome.UNSEEN,
+        f"{target.short} carries {ref.marker}, but this cluster has no {where}: it may live in another "
+        f"cluster ({remote}), where {undo} would put {', '.join(writes)} back. Ways out: make the "
+        f"{ref.kind.value} readable here; or merge the entry below into it where it runs and set "
+        f"{ORPHAN_MARKERS_KEY}: stale (that copy cannot be checked from here); or, if no {tool} outside "
+        f"this cluster manages it, set {ORPHAN_MARKERS_KEY}: stale",
+        ref,
+        fix,
+    )
 
 
 # --- JSON pointers ------------------------------------------------------------------------------

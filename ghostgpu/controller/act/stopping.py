@@ -21,7 +21,7 @@ from ghostgpu.actuators import RECLAIMED_FROM_RECORD, Actuator, ActuatorTable, d
 from ghostgpu.controller import keys
 from ghostgpu.controller.act import stops
 from ghostgpu.controller.act.gitops import GitOpsPreflight
-from ghostgpu.controller.act.gitops_rules import Preflight
+from ghostgpu.controller.act.gitops_rules import Outcome, Preflight
 from ghostgpu.controller.act.revert_guard import MARK as REVERT_MARK
 from ghostgpu.controller.act.revert_guard import RevertGuard, revert_candidates
 from ghostgpu.controller.act.stopspec import StopSpec
@@ -234,7 +234,8 @@ class Stopper:
     async def before_stop(self, wl: Workload, fresh: Mapping[str, Any], verdict: Verdict) -> str | None:
         """None: go ahead with the stop. Otherwise the outcome that replaces it, with nothing
         written: the workload carries a revert mark for its current spec, or a GitOps manager
-        would revert the stop (or cannot be read), escalated once per verdict with the fix."""
+        would revert the stop (or cannot be read, or is named by a marker but not in this cluster),
+        escalated once per verdict with the fix."""
         stop = self.stop_spec(wl)
         if stop is None:
             return None
@@ -255,7 +256,10 @@ class Stopper:
         self, wl: Workload, fresh: Mapping[str, Any], verdict: Verdict, pre: Preflight
     ) -> None:
         self.metrics.escalations.labels(wl.ref.namespace, "gitops-preflight").inc()
-        fix = f" Fix: merge into the {pre.manager.kind.value}:\n{pre.fix}" if pre.fix and pre.manager else ""
+        fix = ""
+        if pre.fix and pre.manager:
+            where = " where it runs" if pre.outcome is Outcome.UNSEEN else ""
+            fix = f" Fix: merge into the {pre.manager.kind.value}{where}:\n{pre.fix}"
         await self.cluster.event(
             fresh,
             reason="ReclaimEscalated",
