@@ -261,6 +261,78 @@ def test_raycluster_is_tracked_judged_as_one_suspended_kept_suspended_and_restor
     assert again.returncode == 1 and "not reclaimed" in again.stderr
 
 
+def test_rayjob_suspended_through_the_real_kuberay_its_cluster_goes_and_comes_back_on_restore(
+    kuberay: Path,
+    applied_bundles: dict[str, list[str]],
+    devcluster: DevCluster,
+    opted_in: str,
+    process_tables: ProcessTables,
+    dcgm: FakeDcgmClient,
+    prometheus_url: str,
+    tmp_path: Path,
+) -> None:
+    """A RayJob outside Kueue whose GPU workers finished: judged as one workload through its
+    RayCluster, stopped by `spec.suspend` (KubeRay then deletes the cluster it made), and brought
+    back by `ghostgpu restore` (KubeRay makes a new cluster with its GPU workers)."""
+    assert not any(applied_bundles.values()), applied_bundles
+    ns, name = opted_in, "idle-rayjob"
+    custom = client.CustomObjectsApi(devcluster.kube.api_client)
+    job = manager_object("RayJob", name, ns)
+    del job["spec"]["managedBy"]  # KubeRay's own: the operator runs this RayJob
+    apply_tracked(devcluster, job)
+
+    def rj() -> dict[str, Any]:
+        return custom.get_namespaced_custom_object("ray.io", "v1", ns, "rayjobs", name)
+
+    def clusters() -> list[str]:
+        items = custom.list_namespaced_custom_object("ray.io", "v1", ns, "rayclusters")["items"]
+        owned = [c["metadata"] for c in items if not c["metadata"].get("deletionTimestamp")]
+        return sorted(
+            m["name"] for m in owned if any(o.get("kind") == "RayJob" for o in m.get("ownerReferences") or [])
+        )
+
+    assert rj()["metadata"].get("labels", {}).get(TRACKED) == "true", "the policy labels the RayJob"
+    [cluster] = wait_for(lambda: clusters() or None, 120, f"KubeRay's RayCluster for the RayJob ({kuberay})")
+    workers_sel = f"ray.io/cluster={cluster},ray.io/group=gpu"
+    workers = wait_for(
+        lambda: (w := running_pods(devcluster, ns, workers_sel)) and w, 120, "the RayJob's GPU worker running"
+    )
+    for pod in workers:
+        process_tables.set(ns, pod, FINISHED)
+        dcgm.set(ns, pod, util=0.0)
+    ctrl = Controller(
+        devcluster.kubeconfig, controller_config(tmp_path, prometheus_url, "enforce"), tmp_path, "rayjob"
+    )
+    try:
+        wait_for(lambda: rj()["spec"].get("suspend") is True, 120, "the RayJob suspended by ghostgpu")
+        ann = rj()["metadata"]["annotations"]
+        assert ann["ghostgpu.io/verdict"] == "FINISHED_IDLE"
+        assert json.loads(ann["ghostgpu.io/reclaimed-from"]) == {"/spec/suspend": None}
+        wait_for(lambda: not clusters(), 90, "KubeRay deletes the suspended RayJob's RayCluster")
+        wait_for(
+            lambda: rj().get("status", {}).get("jobDeploymentStatus") == "Suspended",
+            60,
+            "the RayJob Suspended",
+        )
+        assert events(devcluster, ns, name, "Reclaimed", "RayJob") == 1
+        # One workload: the RayJob, never its RayCluster or a pod on its own.
+        assert {w for w in decided_workloads(ctrl) if f"/{ns}/" in w} == {f"RayJob/{ns}/{name}"}
+    finally:
+        ctrl.stop()
+        for pod in workers:
+            process_tables.clear(ns, pod)
+    out = restore(devcluster, f"rayjob/{name}", ns)
+    assert out.returncode == 0, out.stderr
+    assert rj()["spec"]["suspend"] is False
+    assert "ghostgpu.io/reclaimed-from" not in rj()["metadata"].get("annotations", {})
+    [again] = wait_for(lambda: clusters() or None, 120, "KubeRay makes the RayJob's RayCluster again")
+    wait_for(
+        lambda: running_pods(devcluster, ns, f"ray.io/cluster={again},ray.io/group=gpu"),
+        120,
+        "the RayJob's GPU worker running again",
+    )
+
+
 # --- a Notebook (test double) ---------------------------------------------------------------------
 
 
