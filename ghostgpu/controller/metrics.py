@@ -4,10 +4,14 @@ replicas in one process never share counters)."""
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from ghostgpu.controller.books.accounting import FlavorAccount
+
+if TYPE_CHECKING:
+    from ghostgpu.controller.books.owners import OwnerKindRow
 
 
 class ControllerMetrics:
@@ -107,6 +111,14 @@ class ControllerMetrics:
             ["flavor", "verdict"],
             registry=r,
         )
+        self.owner_kind_outside = Gauge(
+            "ghostgpu_owner_kind_outside_kueue_gpus",
+            "GPUs held outside Kueue by the top owner kind of their pods, and whether ghostgpu can stop "
+            "that kind (stoppable: an actuator row whose stop applies); the same rows as `ghostgpu status "
+            "--by owner`. Exported by the leader; a kind that no longer holds GPUs has no series.",
+            ["owner_kind", "stoppable"],
+            registry=r,
+        )
 
     def set_accounting(self, accounts: Iterable[FlavorAccount]) -> None:
         self.flavor_outside.clear()
@@ -129,6 +141,13 @@ class ControllerMetrics:
         self.ghost_gpus.clear()
         for (ns, flavor, verdict), value in rows.items():
             self.ghost_gpus.labels(ns, flavor, verdict).set(value)
+
+    def set_owner_kinds(self, rows: Iterable[OwnerKindRow]) -> None:
+        """One series per (kind, stoppable) holding GPUs now: cleared first, so a kind that stopped
+        holding GPUs disappears instead of keeping its last value."""
+        self.owner_kind_outside.clear()
+        for row in rows:
+            self.owner_kind_outside.labels(row.kind, "true" if row.acts else "false").set(row.gpus)
 
     def set_without_processes(self, counts: Mapping[str, int]) -> None:
         self.without_processes.clear()

@@ -7,8 +7,8 @@
   act/      the leader's writes: verdict annotations and Events, stops through the actuator table
             (GitOps pre-flight, revert mark), eviction, escalation, the revert guard's sweep, the
             replica ledger. State: the revert guard's sightings.
-  books/    the leader's books: decision log, ghost gauge, GPU-hours, the Kueue nudge; after the
-            poll (app.py), GPUs by flavor and the Kueue reservation.
+  books/    the leader's books: decision log, ghost and owner-kind gauges, GPU-hours, the Kueue
+            nudge; after the poll (app.py), GPUs by flavor and the Kueue reservation.
 
 A room imports the floor (inventory, kube, ledger, metrics, poll) and the rooms before it, never
 one after it. The replica ledger's copy (ledger.LedgerBook) is loaded here once per poll: the act
@@ -117,6 +117,10 @@ class Reconciler:
             await self.actor.act(result, rulings)
             await self.books.keep(snap, result, rulings.rows, poll=self.poll_count)
             await self.records.prune(self.cluster, snap.workloads, now)
+        else:
+            # Only the leader keeps the books: a replica that lost the lease must not go on
+            # exporting its last owner kinds beside the new leader's (the panel takes `max by`).
+            self.metrics.set_owner_kinds(())
         result.duration = time.monotonic() - t0
         self.metrics.poll_duration.observe(result.duration)
         self.metrics.set_workload_states(result.states)

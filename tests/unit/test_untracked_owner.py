@@ -293,3 +293,55 @@ def test_by_owner_names_the_kinds_holding_gpus_outside_kueue_most_first() -> Non
     rj = manager_workload(TABLE.by_kind["RayJob"], rj_obj, IS_GPU)
     snap = snapshot({dep.ref: dep}, pods, managers={rc.ref: rc, rj.ref: rj})
     assert by_owner_kind(snap, opted_in_pods_of(snap))[0] == OwnerKindRow("RayJob", False, 1, 8.0)
+
+
+async def test_the_leaders_books_export_the_owner_kinds_and_drop_a_kind_that_stopped_holding(
+    tmp_path: Path,
+) -> None:
+    from prometheus_client import generate_latest
+
+    leader = True
+    metrics = ControllerMetrics()
+    rec = Reconciler(
+        ControllerConfig.model_validate({"mode": "shadow", "window": 3, "startupGrace": "1s"}),
+        cluster=RecordingCluster(),  # type: ignore[arg-type]
+        utilization=Idle(),  # type: ignore[arg-type]
+        processes=ExecProcessSource(Finished(), concurrency=2),
+        files=FileArtifactProbe(Finished()),
+        s3=None,
+        metrics=metrics,
+        decision_log=DecisionLog(tmp_path / "d.jsonl"),
+        is_leader=lambda: leader,
+        clock=lambda: 1_800_000_000.0,
+    )
+    rc = raycluster_of_rayjob("rj-raycluster", ("RayJob", "rj"))
+    rj_obj = {"apiVersion": "ray.io/v1", "kind": "RayJob",
+              "metadata": {"name": "rj", "namespace": NS, "uid": "uid-rj"},
+              "spec": {"shutdownAfterJobFinishes": True}}  # fmt: skip
+    rj = manager_workload(TABLE.by_kind["RayJob"], rj_obj, IS_GPU)
+    ray = [pod("rj-worker-0", ("RayCluster", "rj-raycluster"), gpus="8")]
+    jobs = [pod("train-a", ("Job", "train")), pod("train-b", ("Job", "train"), gpus="2")]
+    queued = [pod("queued", ("Job", "q"), **{"kueue.x-k8s.io/podset": "main"})]  # Kueue's own
+
+    def gauge(kind: str, stoppable: str) -> float | None:
+        labels = {"owner_kind": kind, "stoppable": stoppable}
+        return metrics.registry.get_sample_value("ghostgpu_owner_kind_outside_kueue_gpus", labels)
+
+    def exposed() -> list[str]:
+        text = generate_latest(metrics.registry).decode()
+        return [ln for ln in text.splitlines() if ln.startswith("ghostgpu_owner_kind_outside_kueue_gpus{")]
+
+    # RayJob has an actuator row (stoppable); a plain Job has none (add a row to act on it).
+    await rec.poll_once(snapshot({}, ray + jobs + queued, managers={rc.ref: rc, rj.ref: rj}))
+    assert (gauge("RayJob", "true"), gauge("Job", "false")) == (8.0, 6.0)
+    assert len(exposed()) == 2  # one series per (kind, stoppable) holding GPUs; Kueue's pod is not one
+
+    # The Job's pods are gone: its series goes, it does not stay at its last value.
+    await rec.poll_once(snapshot({}, ray + queued, managers={rc.ref: rc, rj.ref: rj}))
+    assert gauge("RayJob", "true") == 8.0 and gauge("Job", "false") is None
+    assert exposed() == ['ghostgpu_owner_kind_outside_kueue_gpus{owner_kind="RayJob",stoppable="true"} 8.0']
+
+    # A replica that lost the lease stops exporting them (the new leader does).
+    leader = False
+    await rec.poll_once(snapshot({}, ray + jobs, managers={rc.ref: rc, rj.ref: rj}))
+    assert exposed() == []

@@ -1,7 +1,8 @@
 """The books room's entry points: `Books.keep` once per poll on the leader (the decision log, the
-ghost gauge, reclaimable and recovered GPU-hours, the Kueue nudge) and `accounting_from` for every
-replica after the poll (GPUs by flavor and verdict bucket, what the Kueue reservation reads:
-reservation.py). Nothing here changes a workload; the nudge writes one annotation on Nodes.
+ghost gauge, GPUs outside Kueue by owner kind, reclaimable and recovered GPU-hours, the Kueue
+nudge) and `accounting_from` for every replica after the poll (GPUs by flavor and verdict bucket,
+what the Kueue reservation reads: reservation.py). Nothing here changes a workload; the nudge
+writes one annotation on Nodes.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from ghostgpu.config import ControllerConfig
 from ghostgpu.controller import keys
 from ghostgpu.controller.books.accounting import FlavorAccount, FlavorSpec, account
 from ghostgpu.controller.books.decisions import DecisionLog
+from ghostgpu.controller.books.owners import by_owner_kind
 from ghostgpu.controller.books.untracked import UNTRACKED_OWNER, untracked_holders
 from ghostgpu.controller.inventory import PodView, Workload, WorkloadRef, pods_by_workload
 from ghostgpu.controller.judge.judge import Row
@@ -64,7 +66,7 @@ class Books:
         await self.nudge_kueue(result)
 
     def accrue(self, snap: Snapshot, result: PollResult) -> None:
-        """Ghost GPUs gauge and the GPU-hour counters (leader only, once per poll)."""
+        """Ghost GPUs and owner-kind gauges and the GPU-hour counters (leader only, once per poll)."""
         hours = self.cfg.poll_interval.seconds / 3600.0
         flavors_by_node = {
             (n.get("metadata") or {}).get("name", ""): n.get("_flavor", "unknown") for n in snap.nodes
@@ -80,11 +82,14 @@ class Books:
                     self.metrics.gpu_hours_reclaimable.labels(ref.namespace, flavor).inc(gpus * hours)
         # GPUs no workload accounts for are held as surely: in the totals, never reclaimable.
         pods_of = result.pods_of if result.pods_of is not None else opted_in_pods_of(snap)
-        for holder, pods in untracked_holders(snap.pods, snap.namespaces, pods_of, snap.holder_of).items():
+        untracked = untracked_holders(snap.pods, snap.namespaces, pods_of, snap.holder_of)
+        for holder, pods in untracked.items():
             for pod in pods:
                 flavor = flavors_by_node.get(pod.node_name or "", "unknown")
                 ghosts[(holder.namespace, flavor, UNTRACKED_OWNER)] += sum(pod.gpu_requests.values())
         self.metrics.set_ghosts(ghosts)
+        # The same GPUs by top owner kind (`ghostgpu status --by owner`): which kinds need a row.
+        self.metrics.set_owner_kinds(by_owner_kind(snap, pods_of, untracked))
         for ref, wl in self.records.marked(snap.workloads):  # only these hold GPUs free
             pods = self.recovered_pods(wl)
             if pods:

@@ -1,5 +1,6 @@
 """GPUs held outside Kueue by top owner kind (pure): which operators hold them, so a platform team
-sees which kinds to add an actuator row for (`ghostgpu status --by owner`)."""
+sees which kinds to add an actuator row for (`ghostgpu status --by owner`; the leader exports the
+same rows each poll as `ghostgpu_owner_kind_outside_kueue_gpus`, books.py)."""
 
 from __future__ import annotations
 
@@ -22,9 +23,15 @@ class OwnerKindRow:
         return {"kind": self.kind, "actionable": self.acts, "holders": self.holders, "gpus": self.gpus}
 
 
-def by_owner_kind(snap: Snapshot, pods_of: Mapping[WorkloadRef, Sequence[PodView]]) -> list[OwnerKindRow]:
+def by_owner_kind(
+    snap: Snapshot,
+    pods_of: Mapping[WorkloadRef, Sequence[PodView]],
+    untracked: Mapping[WorkloadRef, Sequence[PodView]] | None = None,
+) -> list[OwnerKindRow]:
     """Every GPU held outside Kueue in opted-in namespaces by its top owner's kind, most GPUs
-    first: tracked workloads (acts unless judged with no actuator) and untracked holders (never)."""
+    first: tracked workloads (acts unless judged with no actuator) and untracked holders (never).
+    `untracked`: this snapshot's `untracked_holders` when the caller has them (the books' poll),
+    else computed here."""
     opted = snap.opted_in()
     gpus: dict[tuple[str, bool], float] = {}
     holders: dict[tuple[str, bool], set[WorkloadRef]] = {}
@@ -39,7 +46,9 @@ def by_owner_kind(snap: Snapshot, pods_of: Mapping[WorkloadRef, Sequence[PodView
         wl = snap.workloads.get(ref)
         if wl is not None and ref.namespace in opted:
             add(ref, not wl.no_actuator, pods)
-    for ref, pods in untracked_holders(snap.pods, snap.namespaces, pods_of, snap.holder_of).items():
+    if untracked is None:
+        untracked = untracked_holders(snap.pods, snap.namespaces, pods_of, snap.holder_of)
+    for ref, pods in untracked.items():
         add(ref, False, pods)
     rows = [OwnerKindRow(k, acts, len(holders[(k, acts)]), n) for (k, acts), n in gpus.items()]
     return sorted(rows, key=lambda r: (-r.gpus, r.kind, r.acts))
