@@ -470,8 +470,9 @@ _DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
 
 
 def grafana_dashboard() -> dict[str, Any]:
-    """The Grafana dashboard model of ghostgpu.dashboard.panels.PANELS: a time series panel per
-    entry, two per row (full_width: a whole row), the Prometheus data source as a variable."""
+    """The Grafana dashboard model of ghostgpu.dashboard.panels.PANELS: a time series (or bar
+    gauge) panel per entry, two per row (full_width: a whole row), the Prometheus data source as a
+    variable."""
     from ghostgpu.dashboard.panels import PANELS
 
     panels: list[dict[str, Any]] = []
@@ -480,28 +481,45 @@ def grafana_dashboard() -> dict[str, Any]:
         w = 24 if p.full_width else 12
         if x + w > 24:
             x, y = 0, y + 8
-        custom: dict[str, Any] = {"fillOpacity": 25 if p.stacked else 0, "lineWidth": 2}
-        if p.stacked:
-            custom["stacking"] = {"mode": "normal", "group": "A"}
+        defaults: dict[str, Any] = {"unit": p.unit, "min": 0}
+        options: dict[str, Any]
+        if p.display == "bargauge":
+            # One bar per series with its value now: an instant query, so a kind that no longer
+            # holds GPUs has no bar (a range query's last value would keep it for the whole range).
+            instant: dict[str, Any] = {"instant": True, "range": False}
+            options = {
+                "orientation": "horizontal",
+                "displayMode": "basic",
+                "showUnfilled": True,
+                "reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False},
+            }
+        else:
+            instant = {}
+            custom: dict[str, Any] = {"fillOpacity": 25 if p.stacked else 0, "lineWidth": 2}
+            if p.stacked:
+                custom["stacking"] = {"mode": "normal", "group": "A"}
+            defaults["custom"] = custom
+            options = {
+                "legend": {"displayMode": "list", "placement": "bottom", "showLegend": True},
+                "tooltip": {"mode": "multi", "sort": "desc"},
+            }
         panels.append(
             {
                 "id": n,
-                "type": "timeseries",
+                "type": p.display,
                 "title": p.title,
                 "description": p.description,
                 "datasource": _DATASOURCE,
                 "gridPos": {"h": 8, "w": w, "x": x, "y": y},
-                "fieldConfig": {"defaults": {"unit": p.unit, "min": 0, "custom": custom}, "overrides": []},
-                "options": {
-                    "legend": {"displayMode": "list", "placement": "bottom", "showLegend": True},
-                    "tooltip": {"mode": "multi", "sort": "desc"},
-                },
+                "fieldConfig": {"defaults": defaults, "overrides": []},
+                "options": options,
                 "targets": [
                     {
                         "refId": chr(ord("A") + i),
                         "datasource": _DATASOURCE,
                         "expr": q.expr,
                         "legendFormat": q.legend,
+                        **instant,
                     }
                     for i, q in enumerate(p.queries)
                 ],

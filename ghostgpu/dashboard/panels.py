@@ -10,6 +10,8 @@ gauges and failures are deduplicated with `max by` and actions are summed.
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field
 
 # Counters are shown as "events in the last EVENTS_WINDOW" at each point in time.
@@ -17,6 +19,7 @@ EVENTS_WINDOW = "1h"
 RATE_WINDOW = "5m"
 
 REVERTS_METRIC = "ghostgpu_reclaim_reverts_total"
+OWNER_KIND_METRIC = "ghostgpu_owner_kind_outside_kueue_gpus"
 
 
 class Query(BaseModel):
@@ -39,6 +42,11 @@ class Panel(BaseModel):
     queries: tuple[Query, ...]
     stacked: bool = False
     full_width: bool = False
+    display: Literal["timeseries", "bargauge"] = Field(
+        "timeseries",
+        description="timeseries: over the dashboard's range; bargauge: one bar per series, its value "
+        "now (an instant query, so a series that is gone has no bar)",
+    )
 
 
 def events(metric: str) -> str:
@@ -83,6 +91,26 @@ PANELS: tuple[Panel, ...] = (
             Query(
                 expr="sum by (verdict) (max by (flavor, verdict) (ghostgpu_flavor_outside_kueue_gpus))",
                 legend="{{verdict}}",
+            ),
+        ),
+    ),
+    Panel(
+        title="GPUs outside Kueue by owner kind",
+        description=(
+            "GPUs held outside Kueue now, by the kind at the top of their pods' owner chain (Deployment, "
+            "RayJob, Job, an operator's kind), and whether ghostgpu can stop them. stoppable: false is a "
+            "kind with no actuator row (add a controller.actuators row for it), a row that does not apply "
+            "to these objects, or objects the tracking policy did not label. Same rows as `ghostgpu "
+            "status --by owner`."
+        ),
+        unit="short",
+        axis_label="GPUs",
+        display="bargauge",
+        full_width=True,
+        queries=(
+            Query(
+                expr=f"max by (owner_kind, stoppable) ({OWNER_KIND_METRIC})",
+                legend="{{owner_kind}} (stoppable: {{stoppable}})",
             ),
         ),
     ),

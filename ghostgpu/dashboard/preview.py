@@ -39,6 +39,7 @@ class PanelResult(BaseModel):
     axis_label: str
     stacked: bool
     full_width: bool
+    display: str = "timeseries"  # panels.Panel.display (results saved before it: time series)
     queries: list[QueryResult]
 
 
@@ -98,6 +99,7 @@ def fetch(prometheus_url: str, start: float, end: float, step: float, timeout: f
                     axis_label=p.axis_label,
                     stacked=p.stacked,
                     full_width=p.full_width,
+                    display=p.display,
                     queries=results,
                 )
             )
@@ -125,6 +127,9 @@ def draw(preview: Preview, path: Path, title: str = "ghostgpu controller dashboa
     for r, row in enumerate(rows):
         for c, panel in enumerate(row):
             ax = fig.add_subplot(grid[r, :] if panel.full_width else grid[r, c])
+            if panel.display == "bargauge":
+                _draw_bars(ax, panel)
+                continue
             _draw_panel(ax, panel)
             ax.set_xlim(t0, t1)
             ax.xaxis.set_major_formatter(mdates.DateFormatter("%H:%M:%S"))
@@ -144,6 +149,37 @@ def _utc(ts: float) -> Any:
 
 
 _STYLES = (("-", 3.2), ("--", 2.2), (":", 2.2), ("-.", 1.5))
+
+
+def bars(panel: PanelResult) -> tuple[float | None, list[tuple[str, float]]]:
+    """A bar gauge's bars: each series' value at the panel's last sample time, largest first (as
+    Grafana's instant query: a series gone by then has no bar), and that time (None: no data)."""
+    series = [s for q in panel.queries for s in q.series if s.points]
+    if not series:
+        return None, []
+    at = max(s.points[-1][0] for s in series)
+    now = [(s.name, s.points[-1][1]) for s in series if s.points[-1][0] == at]
+    return at, sorted(now, key=lambda b: (-b[1], b[0]))
+
+
+def _draw_bars(ax: Any, panel: PanelResult) -> None:
+    at, now = bars(panel)
+    ax.set_title(
+        panel.title + (f" (at {_utc(at):%H:%M:%S})" if at is not None else ""), fontsize=11, loc="left"
+    )
+    ax.set_xlabel(panel.axis_label)
+    ax.grid(alpha=0.3, axis="x")
+    if not now:
+        notes = [f"{q.legend}: {q.empty_ok}" if q.empty_ok else f"NO DATA: {q.legend}" for q in panel.queries]
+        ax.text(0.5, 0.5, "\n".join(notes), transform=ax.transAxes, ha="center", va="center", color="0.35")
+        ax.set_yticks([])
+        return
+    names, values = [n for n, _ in now], [v for _, v in now]
+    ax.barh(names, values, color="tab:blue", alpha=0.75)
+    ax.invert_yaxis()  # largest on top
+    ax.set_xlim(0, max(1.0, *values) * 1.12)
+    for y, v in enumerate(values):
+        ax.text(v, y, f" {v:g}", va="center", fontsize=9)
 
 
 def _draw_panel(ax: Any, panel: PanelResult) -> None:

@@ -16,8 +16,8 @@ from typer.testing import CliRunner
 from ghostgpu.cli import app
 from ghostgpu.config import load_config_text, load_default_config
 from ghostgpu.controller.metrics import ControllerMetrics
-from ghostgpu.dashboard.panels import PANELS, REVERTS_METRIC, all_queries
-from ghostgpu.dashboard.preview import PanelResult, Preview, QueryResult, Series, draw, legend
+from ghostgpu.dashboard.panels import OWNER_KIND_METRIC, PANELS, REVERTS_METRIC, all_queries
+from ghostgpu.dashboard.preview import PanelResult, Preview, QueryResult, Series, bars, draw, legend
 from ghostgpu.render import GRAFANA_DASHBOARD_KEY, render_bundles
 
 FILE = "controller/grafana-dashboard.yaml"
@@ -75,6 +75,28 @@ def test_queries_use_the_controllers_metric_names() -> None:
     # Exactly one query may come back empty, and it says why.
     [(_, reverts)] = [(p, q) for p, q in all_queries() if q.empty_ok]
     assert REVERTS_METRIC in reverts.expr and REVERTS_METRIC in (reverts.empty_ok or "")
+
+
+def test_owner_kinds_are_a_bar_gauge_of_the_leaders_gauge_beside_the_outside_kueue_panels() -> None:
+    _, dash = _dashboard(render_bundles(load_default_config()))
+    titles = [p["title"] for p in dash["panels"]]
+    i = titles.index("GPUs outside Kueue by owner kind")
+    assert titles[i - 1] == "GPUs held outside Kueue by verdict"
+    panel = dash["panels"][i]
+    assert panel["type"] == "bargauge" and panel["options"]["reduceOptions"]["calcs"] == ["lastNotNull"]
+    # Its value now, not the range's last: a kind that stopped holding GPUs has no bar.
+    [target] = panel["targets"]
+    assert target["instant"] is True and target["range"] is False
+    assert "{{owner_kind}}" in target["legendFormat"] and "{{stoppable}}" in target["legendFormat"]
+    # The metric and the labels it groups by are those ControllerMetrics exports.
+    metrics = ControllerMetrics()
+    [family] = [m for m in metrics.registry.collect() if m.name == OWNER_KIND_METRIC]
+    assert family.type == "gauge" and OWNER_KIND_METRIC in target["expr"]
+    [by] = re.findall(r"by \(([^)]*)\)", target["expr"])
+    assert [x.strip() for x in by.split(",")] == list(metrics.owner_kind_outside._labelnames)
+    # Every other panel stays a time series over the range.
+    assert {p["type"] for p in dash["panels"] if p is not panel} == {"timeseries"}
+    assert not any("instant" in t for p in dash["panels"] if p is not panel for t in p["targets"])
 
 
 def test_rendering_is_deterministic() -> None:
@@ -142,10 +164,34 @@ def _synthetic() -> Preview:
                 axis_label=p.axis_label,
                 stacked=p.stacked,
                 full_width=p.full_width,
+                display=p.display,
                 queries=queries,
             )
         )
     return Preview(start=t[0], end=t[-1], step=5, panels=panels)
+
+
+def test_bar_gauge_bars_are_the_series_present_at_the_last_sample_largest_first() -> None:
+    def series(name: str, last: float, value: float) -> Series:
+        return Series(name=name, labels={}, points=[(100.0, 1.0), (last, value)])
+
+    q = QueryResult(
+        expr="x",
+        legend="{{owner_kind}}",
+        empty_ok=None,
+        series=[series("Job", 130.0, 6), series("RayJob", 130.0, 8), series("Notebook", 110.0, 4)],
+    )
+    panel = PanelResult(
+        title="t", axis_label="GPUs", stacked=False, full_width=True, display="bargauge", queries=[q]
+    )
+    assert bars(panel) == (130.0, [("RayJob", 8.0), ("Job", 6.0)])  # the Notebook was gone by then
+    assert bars(panel.model_copy(update={"queries": []})) == (None, [])
+
+
+def test_results_saved_before_bar_gauges_load_as_time_series() -> None:
+    saved = Path(__file__).resolve().parents[2] / "docs" / "dashboard.json"
+    preview = Preview.model_validate_json(saved.read_text())
+    assert {p.display for p in preview.panels} == {"timeseries"}
 
 
 def test_preview_draws_every_panel(tmp_path: Path) -> None:
