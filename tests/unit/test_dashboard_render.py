@@ -189,9 +189,11 @@ def test_bar_gauge_bars_are_the_series_present_at_the_last_sample_largest_first(
 
 
 def test_results_saved_before_bar_gauges_load_as_time_series() -> None:
-    saved = Path(__file__).resolve().parents[2] / "docs" / "dashboard.json"
-    preview = Preview.model_validate_json(saved.read_text())
-    assert {p.display for p in preview.panels} == {"timeseries"}
+    saved = json.loads((Path(__file__).resolve().parents[2] / "docs" / "dashboard.json").read_text())
+    assert {p.display for p in Preview.model_validate(saved).panels} == {"timeseries", "bargauge"}
+    for panel in saved["panels"]:  # as results were saved before panels had a display
+        panel.pop("display", None)
+    assert {p.display for p in Preview.model_validate(saved).panels} == {"timeseries"}
 
 
 def test_preview_draws_every_panel(tmp_path: Path) -> None:
