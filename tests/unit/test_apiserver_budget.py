@@ -14,6 +14,7 @@ import httpx
 import pytest
 from kr8s._exceptions import ServerError
 from prometheus_client import CollectorRegistry
+from test_config import MINIMAL
 
 from ghostgpu.config import ConfigError, load_config_text
 from ghostgpu.controller.budget import (
@@ -301,16 +302,6 @@ async def test_exec_waits_on_the_same_budget() -> None:
     await asyncio.gather(*(ex.run(PodRef("ns", f"p{i}", "c"), ("ps",), timeout=1) for i in range(6)))
     # the burst, then batches as large as the bucket (2) at the rate of 4 per second
     assert runs == pytest.approx([0, 0, 0.5, 0.5, 1.0, 1.0])
-
-
-MINIMAL = """
-flavors:
-  - name: h100
-    resource: nvidia.com/gpu
-teams:
-  - name: research
-    quota: {h100: 4}
-"""
 
 
 def test_config_defaults_and_clear_errors() -> None:

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 import yaml
+from test_config import MINIMAL
 
 from ghostgpu.config import ConfigError, load_config, load_config_text, load_default_config
 from ghostgpu.render import render_bundles
@@ -33,15 +34,6 @@ teams:
       mig-dra: 14
 """
 
-NO_DRA = """\
-flavors:
-  - name: h100
-    resource: nvidia.com/gpu
-teams:
-  - name: research
-    quota: {h100: 4}
-"""
-
 
 def errors(text: str) -> list[str]:
     with pytest.raises(ConfigError) as info:
@@ -63,7 +55,7 @@ def cluster_queue(files: dict[str, str], name: str) -> dict[str, Any]:
 
 
 def test_nvidia_device_classes_are_defined_by_default_each_charged_under_its_own_name() -> None:
-    cfg = load_config_text(NO_DRA)
+    cfg = load_config_text(MINIMAL)
     assert [(d.name, d.resource) for d in cfg.device_classes] == [
         ("gpu.nvidia.com", "gpu.nvidia.com"),
         ("mig.nvidia.com", "mig.nvidia.com"),
@@ -179,8 +171,8 @@ def test_an_unopted_file_renders_no_dra_at_all() -> None:
 
 def test_the_dra_keys_stay_out_of_the_agent_config_until_a_flavor_names_a_class() -> None:
     # Byte for byte the render of before: listing deviceClasses alone changes nothing.
-    plain = render_bundles(load_config_text(NO_DRA))
-    listed = render_bundles(load_config_text(NO_DRA + "deviceClasses: [{name: gpu.nvidia.com}]\n"))
+    plain = render_bundles(load_config_text(MINIMAL))
+    listed = render_bundles(load_config_text(MINIMAL + "deviceClasses: [{name: gpu.nvidia.com}]\n"))
     assert plain == listed
     agent = render_bundles(load_config_text(DRA + "controller: {processSource: agent}\n"))[
         "controller/agent.yaml"

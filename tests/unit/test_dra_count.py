@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from test_config import MINIMAL
 
 from ghostgpu.config import load_config_text
 from ghostgpu.controller.app import dra_flavor_specs, load_any_config
@@ -33,14 +34,6 @@ flavors:
 teams:
   - name: research
     quota: {h100: 4, h100-dra: 8}
-"""
-NO_DRA_FILE = """\
-flavors:
-  - name: h100
-    resource: nvidia.com/gpu
-teams:
-  - name: research
-    quota: {h100: 4}
 """
 
 
@@ -311,7 +304,7 @@ def test_resource_claims_are_read_only_with_dra_flavors() -> None:
         "verbs": ["get", "list", "watch"],
     }
     assert claims in controller_read_rules(DRA_FILE)
-    assert not any("resource.k8s.io" in r["apiGroups"] for r in controller_read_rules(NO_DRA_FILE))
+    assert not any("resource.k8s.io" in r["apiGroups"] for r in controller_read_rules(MINIMAL))
     # the code that needs it: the claims reflector (list + watch) and `ghostgpu status` (list)
     from ghostgpu.controller.app import RESOURCECLAIMS, Informers
 
@@ -329,7 +322,7 @@ def test_the_controller_config_carries_the_dra_flavors_only_when_there_are_some(
         ]
         return yaml.safe_load(next(iter(cm["data"].values())))
 
-    assert "draFlavors" not in controller_section(NO_DRA_FILE)
+    assert "draFlavors" not in controller_section(MINIMAL)
     section = controller_section(DRA_FILE)
     assert section["draFlavors"] == [
         {
