@@ -202,6 +202,20 @@ def running_pods(dc: DevCluster, ns: str, selector: str) -> list[str]:
     )
 
 
+def suspended_by_ghostgpu(get: Callable[[], dict[str, Any]], what: str) -> None:
+    """Wait until ghostgpu suspends `what` (spec.suspend, a FINISHED_IDLE verdict, the record)."""
+    wait_for(lambda: get()["spec"].get("suspend") is True, 120, f"{what} suspended by ghostgpu")
+    ann = get()["metadata"]["annotations"]
+    assert ann["ghostgpu.io/verdict"] == "FINISHED_IDLE"
+    assert json.loads(ann["ghostgpu.io/reclaimed-from"]) == {"/spec/suspend": None}
+
+
+def finished_and_idle(process_tables: ProcessTables, dcgm: FakeDcgmClient, ns: str, pods: list[str]) -> None:
+    for pod in pods:
+        process_tables.set(ns, pod, FINISHED)
+        dcgm.set(ns, pod, util=0.0)
+
+
 def test_raycluster_is_tracked_judged_as_one_suspended_kept_suspended_and_restored(
     kuberay: Path,
     applied_bundles: dict[str, list[str]],
@@ -227,17 +241,12 @@ def test_raycluster_is_tracked_judged_as_one_suspended_kept_suspended_and_restor
         120,
         f"KubeRay's 2 GPU workers running ({kuberay})",
     )
-    for pod in workers:
-        process_tables.set(ns, pod, FINISHED)
-        dcgm.set(ns, pod, util=0.0)
+    finished_and_idle(process_tables, dcgm, ns, workers)
     ctrl = Controller(
         devcluster.kubeconfig, controller_config(tmp_path, prometheus_url, "enforce"), tmp_path, "owners"
     )
     try:
-        wait_for(lambda: rc()["spec"].get("suspend") is True, 120, "the RayCluster suspended by ghostgpu")
-        ann = rc()["metadata"]["annotations"]
-        assert ann["ghostgpu.io/verdict"] == "FINISHED_IDLE"
-        assert json.loads(ann["ghostgpu.io/reclaimed-from"]) == {"/spec/suspend": None}
+        suspended_by_ghostgpu(rc, "the RayCluster")
         wait_for(
             lambda: not running_pods(devcluster, ns, f"ray.io/cluster={name}"), 60, "KubeRay deletes the pods"
         )
@@ -297,17 +306,12 @@ def test_rayjob_suspended_through_the_real_kuberay_its_cluster_goes_and_comes_ba
     workers = wait_for(
         lambda: (w := running_pods(devcluster, ns, workers_sel)) and w, 120, "the RayJob's GPU worker running"
     )
-    for pod in workers:
-        process_tables.set(ns, pod, FINISHED)
-        dcgm.set(ns, pod, util=0.0)
+    finished_and_idle(process_tables, dcgm, ns, workers)
     ctrl = Controller(
         devcluster.kubeconfig, controller_config(tmp_path, prometheus_url, "enforce"), tmp_path, "rayjob"
     )
     try:
-        wait_for(lambda: rj()["spec"].get("suspend") is True, 120, "the RayJob suspended by ghostgpu")
-        ann = rj()["metadata"]["annotations"]
-        assert ann["ghostgpu.io/verdict"] == "FINISHED_IDLE"
-        assert json.loads(ann["ghostgpu.io/reclaimed-from"]) == {"/spec/suspend": None}
+        suspended_by_ghostgpu(rj, "the RayJob")
         wait_for(lambda: not clusters(), 90, "KubeRay deletes the suspended RayJob's RayCluster")
         wait_for(
             lambda: rj().get("status", {}).get("jobDeploymentStatus") == "Suspended",
