@@ -1,7 +1,7 @@
 """Node agent benchmark: CPU per scan and RSS of `ghostgpu agent`'s scan on a node of real processes.
 
     sudo python benchmarks/bench_agent_scan.py [--pods 110] [--per-pod 5] [--gpu-pods 56]
-        [--extra 0,1000,10000] [--scans 20] [--json out.json]
+        [--extra 0,1000,10000] [--scans 20] [--json out.json] [--python VENV/bin/python]
 
 Builds a node's worth of real containers on this machine without a kubelet: for each pod, a
 cgroup `<own cgroup>/ghostgpu-agent-bench-*/kubepods/burstable/pod<uid>/<container id>` (the v1
@@ -139,11 +139,11 @@ print(json.dumps({
 """
 
 
-def measure(pods: list[dict[str, Any]], scans: int, tmp: Path) -> dict[str, Any]:
+def measure(pods: list[dict[str, Any]], scans: int, tmp: Path, python: str) -> dict[str, Any]:
     path = tmp / "pods.json"
     path.write_text(json.dumps(pods))
     out = subprocess.run(
-        [sys.executable, "-c", MEASURE, str(path), str(scans)],
+        [python, "-c", MEASURE, str(path), str(scans)],
         capture_output=True,
         text=True,
         check=True,
@@ -162,6 +162,13 @@ def main() -> None:
     ap.add_argument("--scans", type=int, default=20)
     ap.add_argument("--interval", type=float, default=15.0, help="seconds between scans (the core share)")
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument(
+        "--python",
+        default=sys.executable,
+        help="the interpreter the scans run in: a virtualenv with only the runtime dependencies "
+        "(pip install . without extras) measures the RSS the image's agent has; a development one "
+        "also loads what the test extras add to its imports",
+    )
     a = ap.parse_args()
     if os.geteuid() != 0:
         raise SystemExit("needs root: it makes cgroups and moves processes into them")
@@ -206,7 +213,7 @@ def main() -> None:
                         for d in extra_leaf.parent.iterdir()
                         if d.is_dir()
                     )
-            r = measure(pods, a.scans, tmp)
+            r = measure(pods, a.scans, tmp, a.python)
             r.update(extra_processes=extra, core_share_pct=100 * r["cpu_per_scan_ms"] / 1000 / a.interval)
             results.append(r)
             print(json.dumps(r))
