@@ -237,6 +237,7 @@ def signal_sources(cfg: ControllerConfig, prom: PrometheusClient, executor: PodE
         max_sample_age=cfg.stale_after.seconds,
         zero_threshold=cfg.zero_threshold,
         agent_processes=agent,
+        dra_devices=bool(cfg.dra_flavors),
     )
     if agent:
         series = AgentSeries()

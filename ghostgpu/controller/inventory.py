@@ -19,9 +19,15 @@ from typing import Any, NamedTuple
 from ghostgpu.actuators import POD_CONTROLLERS
 from ghostgpu.config import GPU_RESOURCE_PREFIXES
 from ghostgpu.controller import keys
-from ghostgpu.controller.claims import pod_claim_names
+from ghostgpu.controller.claims import (
+    ClaimPeer,
+    ContainerClaim,
+    pod_claim_names,
+    pod_container_claims,
+)
 from ghostgpu.controller.packing import pack, unpack
 from ghostgpu.quantity import Quantity
+from ghostgpu.signals.dra import DraDevice
 from ghostgpu.signals.faults import PodFaults, pod_faults
 
 
@@ -85,6 +91,12 @@ class PodView:
     # gpu_requests at each snapshot, and gpus_unknown says a claim of it is not known yet.
     claims: tuple[str, ...] = ()
     gpus_unknown: bool = False
+    # The claims each container names (resources.claims); with the claims cache, the snapshot's
+    # DraCounter adds the containers of GPU claims to gpu_containers, sets the GPU devices whose
+    # series the utilization signal expects, and the other consumers of its GPU claims.
+    container_claims: tuple[ContainerClaim, ...] = ()
+    dra_devices: tuple[DraDevice, ...] = ()
+    claim_peers: tuple[ClaimPeer, ...] = ()
 
     @property
     def running(self) -> bool:
@@ -259,6 +271,7 @@ def pod_view(obj: Mapping[str, Any], is_gpu: GpuPredicate) -> PodView:
         faults=pod_faults(status),
         annotations=ours or _EMPTY,
         claims=pod_claim_names(spec, status),
+        container_claims=pod_container_claims(spec, status),
     )
 
 

@@ -208,7 +208,9 @@ class ScriptedUtilization:
         self.memory: dict[str, int | SignalFailure] = {}  # framebuffer bytes; default 0 (no context)
         self.queries: list[list[PodKey]] = []
 
-    async def poll(self, pods: Iterable[PodKey], *, now: float) -> dict[PodKey, PodReading]:
+    async def poll(
+        self, pods: Iterable[PodKey], *, now: float, devices: object = None
+    ) -> dict[PodKey, PodReading]:
         pods = list(pods)
         self.queries.append(pods)
         out = {}

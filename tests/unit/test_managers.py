@@ -507,7 +507,9 @@ FINISHED = (
 
 
 class Idle:
-    async def poll(self, pods: Iterable[PodKey], *, now: float) -> dict[PodKey, PodReading]:
+    async def poll(
+        self, pods: Iterable[PodKey], *, now: float, devices: object = None
+    ) -> dict[PodKey, PodReading]:
         return {p: PodReading(0.0, (), 0) for p in pods}
 
 

@@ -242,7 +242,14 @@ class Observer:
         self, eligible: Mapping[WorkloadRef, tuple[Workload, list[PodView], WorkloadState]], now: float
     ) -> tuple[dict[WorkloadRef, Listing | None], dict[PodKey, PodReading]]:
         keys_ = [PodKey(p.namespace, p.name) for _, pods, _ in eligible.values() for p in pods]
-        readings = await self.utilization.poll(keys_, now=now)
+        # DRA pods' GPU devices (claims.py): each must have its own series.
+        devices = {
+            PodKey(p.namespace, p.name): p.dra_devices
+            for _, pods, _ in eligible.values()
+            for p in pods
+            if p.dra_devices
+        }
+        readings = await self.utilization.poll(keys_, now=now, devices=devices)
         failed = self.metrics.signal_failures
         # Processes only once the window is all zero; artifacts from the first zero sample on, so
         # that the window's start has a measurement by the time the window is complete. One pass.
