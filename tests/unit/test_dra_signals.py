@@ -4,6 +4,7 @@ devices, its GPU containers)."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -155,3 +156,32 @@ def test_device_plugin_gpu_containers_come_first_then_the_claims_ones() -> None:
     c = claim("x-gpu", [("gpu", "gpu-0")], [exactly("gpu", "gpu.nvidia.com")], ["u1"])
     pod = dra_pod("x", "u1", templates={"g": "x-gpu"}, gpus=1)  # container "a" also asks nvidia.com/gpu
     assert counted([pod], [c])["x"].gpu_containers == ("a", "b")
+
+
+async def test_the_observe_room_hands_each_dra_pods_gpu_devices_to_the_utilization_query(
+    tmp_path: Path,
+) -> None:
+    from test_controller_reconciler import ScriptedUtilization
+    from test_dra_shared_claim import ClaimHarness
+
+    seen: list[object] = []
+
+    class Recording(ScriptedUtilization):
+        async def poll(self, pods: Any, *, now: float, devices: object = None) -> Any:
+            seen.append(devices)
+            return await super().poll(pods, now=now)
+
+    h = ClaimHarness(tmp_path)
+    h.util = Recording()
+    h.rec = h.reconciler()
+    h.add("dra", util=0.0)
+    h.add("plugin", util=0.0)
+    pod = h.pods[0]
+    pod["spec"]["resourceClaims"] = [{"name": "g", "resourceClaimTemplateName": "t"}]
+    pod["status"]["resourceClaimStatuses"] = [{"name": "g", "resourceClaimName": "dra-gpu"}]
+    h.claims = [
+        claim("dra-gpu", [("gpu", "gpu-3")], [exactly("gpu", "gpu.nvidia.com")], [pod["metadata"]["uid"]])
+    ]
+    await h.polls(1)
+    key = PodKey(pod["metadata"]["namespace"], pod["metadata"]["name"])
+    assert seen == [{key: (DraDevice("gpu.nvidia.com", "node-1", "gpu-3", "dra-gpu"),)}]

@@ -26,7 +26,7 @@ from ghostgpu.controller.poll import Judged, PollResult, Snapshot
 from ghostgpu.verdict import Evidence, Verdict, decide, window_verdict_from_runs
 
 # Plans that do nothing beyond recording the verdict (see planner.ActionKind).
-NO_ACTION = frozenset({"none", "would-reclaim", "disabled"})
+NO_ACTION = frozenset({"none", "would-reclaim", "disabled", "shared-claim"})
 
 # What the act room does for one workload: apply()'s arguments.
 Apply = tuple[Workload, list[PodView], WorkloadState, Verdict, Evidence, Plan]
@@ -106,7 +106,16 @@ class Judge:
                 # An owner with no actuator carries no verdict annotation (nothing is written to it):
                 # its previous verdict is this process's memory, so its Events follow verdict changes.
                 previous = st.last_verdict if wl.no_actuator else verdict_of(on)
-                p = planner.plan(wl, verdict, previous, self.cfg, team=team, autonomy=self.autonomy)
+                # A GPU claim another pod also uses: stopping this workload frees nothing (checked
+                # only for a reclaimable verdict; most pods have no claim peers at all).
+                shared = (
+                    planner.shared_claim(pods, (result.pods_of or {}).get(ref, ()))
+                    if verdict.reclaimable
+                    else None
+                )
+                p = planner.plan(
+                    wl, verdict, previous, self.cfg, team=team, autonomy=self.autonomy, shared=shared
+                )
                 # An owner with no actuator gets no reasons-only update: nothing is written to it.
                 changed = not wl.no_actuator and reasons_changed(on, verdict)
                 kind = verdict.kind.value
