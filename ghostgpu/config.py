@@ -463,7 +463,8 @@ def _dcgm_preset() -> MetricsPreset:
         + ")",
         # One GPU's series per container that uses it: a DRA device two containers name is two
         # series (dcgm-exporter's toDeviceToPodsDRA), counted once.
-        framebuffer_query="sum by (${namespace_label}, ${pod_label}) (max without (container) (${framebuffer_metric}"
+        framebuffer_query="sum by (${namespace_label}, ${pod_label}) "
+        + "(max without (container) (${framebuffer_metric}"
         + _SELECTOR
         + "))",
         xid_query="max by (${namespace_label}, ${pod_label}) (${xid_metric}" + _SELECTOR + ")",
