@@ -4,10 +4,13 @@ devices, its GPU containers)."""
 
 from __future__ import annotations
 
+import shutil
+import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from test_dra_count import CLASSES, IS_GPU, claim, dra_pod, exactly
 
 from ghostgpu.config import MetricsConfig
@@ -185,3 +188,66 @@ async def test_the_observe_room_hands_each_dra_pods_gpu_devices_to_the_utilizati
     await h.polls(1)
     key = PodKey(pod["metadata"]["namespace"], pod["metadata"]["name"])
     assert seen == [{key: (DraDevice("gpu.nvidia.com", "node-1", "gpu-3", "dra-gpu"),)}]
+
+
+# --- the query on Prometheus's own PromQL engine (promtool's rule unit tests) ----------------------
+
+
+def _dcgm_dra(pod: str, container: str, gpu: str, device: str, metric: str = "DCGM_FI_DEV_GPU_UTIL") -> str:
+    labels = {
+        "gpu": gpu,
+        "UUID": f"GPU-{gpu}",
+        "Hostname": "node-1",
+        "container": container,
+        "dra_claim_name": f"{pod}-gpu",
+        "dra_claim_namespace": "team-a",
+        "dra_device_name": device,
+        "dra_driver_name": "gpu.nvidia.com",
+        "dra_pool_name": "node-1",
+        "namespace": "team-a",
+        "pod": pod,
+    }
+    return metric + "{" + ",".join(f'{k}="{v}"' for k, v in labels.items()) + "}"
+
+
+@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool (Prometheus) not installed")
+def test_promql_counts_a_device_two_containers_name_once_and_asks_no_device_of_a_busy_pod(
+    tmp_path: Path,
+) -> None:
+    q = build_query(SPEC, [PodKey("team-a", "x"), PodKey("team-a", "busy")])
+    series = [
+        {"series": _dcgm_dra("x", "a", "0", "gpu-0"), "values": "0x10"},
+        {"series": _dcgm_dra("x", "b", "0", "gpu-0"), "values": "0x10"},  # the same GPU, 2nd container
+        {"series": _dcgm_dra("x", "a", "1", "gpu-1"), "values": "0x10"},
+        {"series": _dcgm_dra("busy", "a", "2", "gpu-2"), "values": "50x10"},
+        {"series": _dcgm_dra("x", "a", "0", "gpu-0", "DCGM_FI_DEV_FB_USED"), "values": "100x10"},
+        {"series": _dcgm_dra("x", "b", "0", "gpu-0", "DCGM_FI_DEV_FB_USED"), "values": "100x10"},
+    ]
+    dev = {"dra_driver_name": "gpu.nvidia.com", "dra_pool_name": "node-1", "namespace": "team-a", "pod": "x"}
+
+    def sample(value: float, **labels: str) -> dict[str, Any]:
+        body = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+        return {"labels": "{" + body + "}", "value": value}
+
+    expected = [
+        sample(0, ghostgpu_field="util", namespace="team-a", pod="x"),
+        sample(50, ghostgpu_field="util", namespace="team-a", pod="busy"),
+        sample(100 * 1048576, ghostgpu_field="fb", namespace="team-a", pod="x"),  # once, not twice
+        sample(1, ghostgpu_field="dev", dra_device_name="gpu-0", **dev),  # once, not per container
+        sample(1, ghostgpu_field="dev", dra_device_name="gpu-1", **dev),
+    ]
+    test = {
+        "rule_files": [],
+        "evaluation_interval": "1m",
+        "tests": [
+            {
+                "interval": "1m",
+                "input_series": series,
+                "promql_expr_test": [{"expr": q, "eval_time": "5m", "exp_samples": expected}],
+            }
+        ],
+    }
+    path = tmp_path / "query_test.yaml"
+    path.write_text(yaml.safe_dump(test, sort_keys=False, width=100_000))
+    run = subprocess.run(["promtool", "test", "rules", str(path)], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stdout + run.stderr
