@@ -29,6 +29,7 @@ from ghostgpu.controller.books.decisions import DecisionLog
 from ghostgpu.controller.books.placeholders import ReservationMetrics, Reservations, reserve
 from ghostgpu.controller.budget import BudgetedApi, BudgetedExec, BudgetMetrics, RequestBudget
 from ghostgpu.controller.claims import DraCounter, claim_view
+from ghostgpu.controller.deviceclass import class_view
 from ghostgpu.controller.inventory import (
     GpuPredicate,
     OwnerRef,
@@ -54,6 +55,7 @@ from ghostgpu.controller.managers import ManagerInformers
 from ghostgpu.controller.metrics import ControllerMetrics
 from ghostgpu.controller.reconciler import PollResult, Reconciler, Snapshot, accounting_from
 from ghostgpu.controller.server import HealthServer
+from ghostgpu.controller.slices import dra_capacity, slice_view
 from ghostgpu.signals.agent import AgentProcessSource, AgentSeries
 from ghostgpu.signals.artifacts import FileArtifactProbe, S3ArtifactProbe
 from ghostgpu.signals.podexec import KubeExec, NoExec, PodExec
@@ -64,6 +66,8 @@ from ghostgpu.signals.utilization import QuerySpec, UtilizationSource
 log = logging.getLogger("ghostgpu.controller")
 RESOURCEFLAVORS = ResourceType("kueue.x-k8s.io/v1beta2", "resourceflavors", namespaced=False)
 RESOURCECLAIMS = ResourceType("resource.k8s.io/v1", "resourceclaims", kind="ResourceClaim")
+RESOURCESLICES = ResourceType("resource.k8s.io/v1", "resourceslices", namespaced=False, kind="ResourceSlice")
+DEVICECLASSES = ResourceType("resource.k8s.io/v1", "deviceclasses", namespaced=False, kind="DeviceClass")
 
 
 @dataclass(frozen=True)
@@ -159,6 +163,9 @@ class Informers:
         # Only with DRA flavors (their device classes): the devices allocated to each claim.
         self.claims = Reflector(api, RESOURCECLAIMS, transform=claim_view) if gpu_classes else None
         self.dra = DraCounter(gpu_classes)
+        # ... and the DRA flavors' capacity: the devices their classes select in the slices.
+        self.slices = Reflector(api, RESOURCESLICES, transform=slice_view) if gpu_classes else None
+        self.classes = Reflector(api, DEVICECLASSES, transform=class_view) if gpu_classes else None
         self.all = [
             self.namespaces,
             self.pods,
@@ -166,7 +173,7 @@ class Informers:
             self.deployments,
             self.statefulsets,
             *self.managers.reflectors,
-            *([self.claims] if self.claims is not None else []),
+            *(r for r in (self.claims, self.slices, self.classes) if r is not None),
         ]
 
     @property
@@ -200,6 +207,10 @@ class Informers:
             return OwnerRef(v.owner_kind, v.owner_name or "", "", "") if v and v.owner_kind else None
 
         res = self.managers.resolve(workloads, pods, pod_owner)
+        capacity = {}
+        if self.slices is not None and self.classes is not None:
+            classes = {c.name: c for c in self.classes.store.values()}
+            capacity = dra_capacity(flavors, self.nodes.store.values(), self.slices.store.values(), classes)
         return Snapshot(
             namespaces={name: labels for (_, name), labels in self.namespaces.store.items()},
             workloads=res.workloads,
@@ -207,6 +218,7 @@ class Informers:
             nodes=nodes,
             top_of=res.top_of,
             holder_of=res.holder_of,
+            dra_capacity=capacity,
         )
 
 

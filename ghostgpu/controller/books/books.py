@@ -187,4 +187,4 @@ def accounting_from(
     for pods in untracked_holders(snap.pods, snap.namespaces, pods_of, snap.holder_of).values():
         for pod in pods:
             buckets[(pod.namespace, pod.name)] = UNTRACKED_OWNER
-    return account(flavors, snap.nodes, snap.pods, cluster_queues, buckets)
+    return account(flavors, snap.nodes, snap.pods, cluster_queues, buckets, snap.dra_capacity)
