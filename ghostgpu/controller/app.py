@@ -33,8 +33,10 @@ from ghostgpu.controller.deviceclass import class_view
 from ghostgpu.controller.inventory import (
     GpuPredicate,
     OwnerRef,
+    PodView,
     Workload,
     cached_pod,
+    dra_gpus_of,
     gpu_predicate,
     workload_from,
 )
@@ -473,8 +475,9 @@ def _escalator(cfg: ControllerConfig) -> Any:
 
     settings = cfg.autonomy.escalation
 
-    async def escalate(decision: Any, wl: Workload) -> None:
-        result = await send_escalation(decision, facts_for(wl, None), settings)
+    async def escalate(decision: Any, wl: Workload, pods: Sequence[PodView] = ()) -> None:
+        facts = facts_for(wl, None, dra_gpus_of(pods))  # a DRA workload's GPUs: its pods' devices
+        result = await send_escalation(decision, facts, settings)
         if not result.ok:
             log.warning("escalation webhook failed", extra={"error": result.error, "workload": str(wl.ref)})
 

@@ -166,12 +166,12 @@ def dra_gpus(
 
 
 def with_dra_gpus(view: Any, count: DraCount) -> Any:
-    """The pod's view (inventory.PodView) with its DRA GPUs added to `gpu_requests` and
-    `gpus_unknown` set; the view itself when neither changes."""
+    """The pod's view (inventory.PodView) with its DRA GPUs added to `gpu_requests`, their sum in
+    `dra_gpus` and `gpus_unknown` set; the view itself when neither changes."""
     if not count.gpus and not count.unknown:
         return view
     merged = MappingProxyType({**view.gpu_requests, **count.gpus}) if count.gpus else view.gpu_requests
-    return replace(view, gpu_requests=merged, gpus_unknown=count.unknown)
+    return replace(view, gpu_requests=merged, gpus_unknown=count.unknown, dra_gpus=sum(count.gpus.values()))
 
 
 class DraCounter:

@@ -27,6 +27,7 @@ from ghostgpu.controller.judge.recorded import recorded, verdict_of
 from ghostgpu.controller.kube import Cluster
 from ghostgpu.controller.ledger import LedgerBook
 from ghostgpu.controller.metrics import ControllerMetrics
+from ghostgpu.controller.observe.evidence import WorkloadState
 from ghostgpu.controller.poll import RECLAIM_OUTCOMES, RECLAIMABLE_VALUES, Judged, PollResult, Snapshot
 
 log = logging.getLogger("ghostgpu.controller")
@@ -43,6 +44,7 @@ class Books:
         actuators: ActuatorTable,
         records: LedgerBook,
         nudge_nodes: bool,
+        states: Mapping[WorkloadRef, WorkloadState] | None = None,
     ) -> None:
         self.cfg = cfg
         self.cluster = cluster
@@ -51,6 +53,7 @@ class Books:
         self.actuators = actuators
         self.records = records
         self.nudge_nodes = nudge_nodes
+        self.states = states if states is not None else {}  # the observe room's memory
 
     async def keep(self, snap: Snapshot, result: PollResult, rows: Sequence[Row], *, poll: int) -> None:
         """The leader's books for one poll."""
@@ -93,8 +96,14 @@ class Books:
         for ref, wl in self.records.marked(snap.workloads):  # only these hold GPUs free
             pods = self.recovered_pods(wl)
             if pods:
-                gpus = sum(wl.gpus_per_pod.values()) * pods
+                gpus = self.gpus_per_pod(ref, wl) * pods
                 self.metrics.gpu_hours_recovered.labels(ref.namespace, "all").inc(gpus * hours)
+
+    def gpus_per_pod(self, ref: WorkloadRef, wl: Workload) -> float:
+        """What one of its pods holds: the device-plugin GPUs its template asks for, and the DRA
+        devices one of its pods held when last seen running (its template names no GPU)."""
+        st = self.states.get(ref)
+        return sum(wl.gpus_per_pod.values()) + (st.dra_gpus_per_pod if st is not None else 0.0)
 
     def recovered_pods(self, wl: Workload) -> int | None:
         """How many pods' GPUs a reclaim of `wl` holds free now (None: not reclaimed, or undone).

@@ -16,7 +16,7 @@ from typing import NamedTuple
 from ghostgpu.autonomy import AutonomyConfig
 from ghostgpu.config import ControllerConfig
 from ghostgpu.controller import keys
-from ghostgpu.controller.inventory import PodView, Workload, WorkloadRef
+from ghostgpu.controller.inventory import PodView, Workload, WorkloadRef, dra_gpus_of
 from ghostgpu.controller.judge import planner
 from ghostgpu.controller.judge.planner import Plan
 from ghostgpu.controller.judge.recorded import reasons_changed, recorded, verdict_of
@@ -106,11 +106,15 @@ class Judge:
                 # An owner with no actuator carries no verdict annotation (nothing is written to it):
                 # its previous verdict is this process's memory, so its Events follow verdict changes.
                 previous = st.last_verdict if wl.no_actuator else verdict_of(on)
-                p = planner.plan(wl, verdict, previous, self.cfg, team=team, autonomy=self.autonomy)
+                # A DRA workload's GPUs are its pods' devices: its template names none (inventory).
+                dra = dra_gpus_of(pods)
+                p = planner.plan(
+                    wl, verdict, previous, self.cfg, team=team, autonomy=self.autonomy, dra_gpus=dra
+                )
                 # An owner with no actuator gets no reasons-only update: nothing is written to it.
                 changed = not wl.no_actuator and reasons_changed(on, verdict)
                 kind = verdict.kind.value
-                gpus = sum(wl.gpus_per_pod.values()) * len(pods)
+                gpus = sum(wl.gpus_per_pod.values()) * len(pods) + dra
                 if evidence is None and len(pods) == 1 and not wl.no_actuator:
                     settled[ref] = SettledPlan(wl, pods[0], verdict, team, p, changed, kind, gpus)
                 elif memo is not None:
