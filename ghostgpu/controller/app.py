@@ -24,7 +24,7 @@ from ghostgpu.actuators import ActuatorTable
 from ghostgpu.config import ControllerConfig, load_config, load_controller_config
 from ghostgpu.controller import keys
 from ghostgpu.controller.act.gitops import ApiReader, GitOpsPreflight
-from ghostgpu.controller.books.accounting import FlavorSpec, node_flavor
+from ghostgpu.controller.books.accounting import FlavorSpec, node_labels_for_books
 from ghostgpu.controller.books.decisions import DecisionLog
 from ghostgpu.controller.books.placeholders import ReservationMetrics, Reservations, reserve
 from ghostgpu.controller.budget import BudgetedApi, BudgetedExec, BudgetMetrics, RequestBudget
@@ -199,8 +199,7 @@ class Informers:
             pods = self.dra.pods(pods, self.claims.store)
         nodes = []
         for n in self.nodes.store.values():
-            f = node_flavor(n, flavors)
-            nodes.append({**n, "_flavor": f.name if f else "unknown"})
+            nodes.append({**n, **node_labels_for_books(n, flavors)})
         store = self.pods.store
 
         def pod_owner(ns: str, name: str) -> OwnerRef | None:

@@ -21,7 +21,7 @@ from ghostgpu.controller.app import (
     discover_flavors,
     dra_flavor_specs,
 )
-from ghostgpu.controller.books.accounting import FlavorAccount, FlavorSpec, node_flavor
+from ghostgpu.controller.books.accounting import FlavorAccount, FlavorSpec, node_labels_for_books
 from ghostgpu.controller.claims import DraCounter, claim_view
 from ghostgpu.controller.deviceclass import class_view
 from ghostgpu.controller.inventory import (
@@ -264,8 +264,7 @@ async def _status_snapshot(
     }
     nodes = [_slim_node(n) for n in await cluster.list(NODES)]
     for n in nodes:
-        f = node_flavor(n, flavors)
-        n["_flavor"] = f.name if f else "unknown"
+        n.update(node_labels_for_books(n, flavors))
     pods = [pod_view(p, is_gpu) for p in await cluster.list(PODS)]
     if dra:  # DRA flavors: a pod's GPUs are also the devices allocated to its ResourceClaims
         claims = {(c.namespace, c.name): c for c in map(claim_view, await cluster.list(RESOURCECLAIMS))}

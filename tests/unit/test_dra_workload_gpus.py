@@ -1,6 +1,7 @@
 """A DRA workload's own GPU count is the devices its pods hold through their ResourceClaims (its
 template names a ResourceClaimTemplate, no GPU): the decision log's GPUs, the risk gate's GPU count,
-the escalation's facts and the GPU-hours a reclaim recovers count them like device-plugin GPUs."""
+the escalation's facts and the GPU-hours a reclaim recovers count them like device-plugin GPUs; the
+ghost gauge labels each device with the flavor of its own class."""
 
 from __future__ import annotations
 
@@ -10,10 +11,11 @@ from typing import Any
 
 import pytest
 from test_controller_reconciler import FINISHED, IS_GPU, NS, Harness, deployment, pod_for
-from test_dra_count import claim, exactly
+from test_dra_count import FLAVORS, claim, exactly
 
 from ghostgpu.config import ControllerConfig
 from ghostgpu.controller.app import _escalator
+from ghostgpu.controller.books.accounting import node_labels_for_books
 from ghostgpu.controller.claims import DraCounter, claim_view
 from ghostgpu.controller.inventory import WorkloadRef, dra_gpus_of, pod_view, workload_from
 from ghostgpu.controller.judge.planner import facts_for
@@ -44,22 +46,25 @@ class DraHarness(Harness):
     def __init__(self, tmp: Path, **cfg: Any) -> None:
         super().__init__(tmp, **cfg)
         self.claims: dict[tuple[str, str], Any] = {}
+        # the harness's pods run on gpu-0: a node of the DRA flavors h100-dra and mig-dra
+        node = {"metadata": {"name": "gpu-0", "labels": {"pool": "dra"}}, "status": {"allocatable": {}}}
+        self.nodes = [{**node, **node_labels_for_books(node, FLAVORS)}]
 
-    def add_dra(self, name: str, *, devices: int, table: str) -> None:
+    def add_dra(self, name: str, *, devices: int, table: str, migs: int = 0) -> None:
         self.objects[WorkloadRef("Deployment", NS, name)] = dra_deployment(name)
         pod = dra_pod(name)
         self.pods.append(pod)
         self.util.values[name] = 0.0
         self.exec.tables[name] = table
-        gpus = [("gpus", f"gpu-{i}") for i in range(devices)]
-        c = claim(
-            f"{name}-gpus", gpus, [exactly("gpus", "gpu.nvidia.com", devices)], [pod["metadata"]["uid"]]
-        )
+        gpus = [("gpus", f"gpu-{i}") for i in range(devices)] + [("migs", f"mig-{i}") for i in range(migs)]
+        requests = [exactly("gpus", "gpu.nvidia.com", devices), exactly("migs", "mig.nvidia.com", migs)]
+        c = claim(f"{name}-gpus", gpus, requests, [pod["metadata"]["uid"]])
         self.claims[(NS, f"{name}-gpus")] = claim_view(c)
 
     def snapshot(self) -> Snapshot:
         snap = super().snapshot()
-        snap.pods = DraCounter(["gpu.nvidia.com"]).pods(snap.pods, self.claims)
+        snap.pods = DraCounter(["gpu.nvidia.com", "mig.nvidia.com"]).pods(snap.pods, self.claims)
+        snap.nodes = self.nodes
         return snap
 
 
@@ -137,3 +142,21 @@ async def test_the_gpu_hours_a_reclaim_of_a_dra_workload_recovers_are_its_device
     before = recovered._value.get()
     await h.polls(2)  # nothing runs: each poll adds the freed GPUs for one poll interval
     assert recovered._value.get() - before == pytest.approx(2 * (8 + 2) * 60 / 3600)
+
+
+async def test_the_ghost_gauge_labels_each_dra_device_with_the_flavor_of_its_class(tmp_path: Path) -> None:
+    h = DraHarness(tmp_path)  # shadow
+    h.add_dra("mixed", devices=1, migs=2, table=FINISHED)
+    await h.polls(4)
+    gauge = h.metrics.registry.get_sample_value
+
+    def ghosts(flavor: str) -> float | None:
+        return gauge("ghostgpu_ghost_gpus", {"namespace": NS, "flavor": flavor, "verdict": "FINISHED_IDLE"})
+
+    # one node serves both DRA flavors: the MIG devices are mig-dra's, not the node's first flavor's
+    assert (ghosts("h100-dra"), ghosts("mig-dra")) == (1.0, 2.0)
+    hours = {
+        f: gauge("ghostgpu_gpu_hours_reclaimable_total", {"namespace": NS, "flavor": f})
+        for f in ("h100-dra", "mig-dra")
+    }
+    assert hours["mig-dra"] == pytest.approx(2 * hours["h100-dra"]) and hours["h100-dra"] > 0

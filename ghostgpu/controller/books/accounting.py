@@ -131,11 +131,20 @@ def node_flavors_of(node: Mapping[str, Any], flavors: Sequence[FlavorSpec]) -> l
     ]
 
 
-def node_flavor(node: Mapping[str, Any], flavors: Sequence[FlavorSpec]) -> FlavorSpec | None:
-    """The first matching flavor (labels the ghost-GPU metric); a device-plugin flavor first, so a
-    DRA flavor (matched by node labels alone) never relabels a device-plugin node."""
+def node_labels_for_books(node: Mapping[str, Any], flavors: Sequence[FlavorSpec]) -> dict[str, Any]:
+    """What the books label a node's GPUs with (books.Books.accrue): `_flavor`, the node's flavor
+    (a device-plugin flavor first, so a DRA flavor, matched by node labels alone, never relabels a
+    device-plugin node), and on a node of a DRA flavor `_flavors`, the flavor of each gpu_requests key
+    (device-plugin resource or device class: the first matching flavor of it), so that a node
+    serving gpu.nvidia.com and mig.nvidia.com flavors labels each device with its own flavor."""
     matching = sorted(node_flavors_of(node, flavors), key=lambda f: f.device_class is not None)
-    return matching[0] if matching else None
+    out: dict[str, Any] = {"_flavor": matching[0].name if matching else "unknown"}
+    if any(f.device_class is not None for f in matching):
+        by_key: dict[str, str] = {}
+        for f in matching:
+            by_key.setdefault(f.key, f.name)
+        out["_flavors"] = by_key
+    return out
 
 
 def account(

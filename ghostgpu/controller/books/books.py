@@ -74,22 +74,34 @@ class Books:
         flavors_by_node = {
             (n.get("metadata") or {}).get("name", ""): n.get("_flavor", "unknown") for n in snap.nodes
         }
+        # Nodes of DRA flavors: each key of a pod's gpu_requests under its own flavor (accounting).
+        keyed = {
+            (n.get("metadata") or {}).get("name", ""): n["_flavors"] for n in snap.nodes if "_flavors" in n
+        }
+
+        def by_flavor(pod: PodView) -> list[tuple[str, float]]:
+            node = pod.node_name or ""
+            flavor = flavors_by_node.get(node, "unknown")
+            by_key = keyed.get(node) if keyed else None
+            if by_key is None:
+                return [(flavor, sum(pod.gpu_requests.values()))]
+            return [(by_key.get(key, flavor), n) for key, n in pod.gpu_requests.items()]
+
         ghosts: Counter[tuple[str, str, str]] = Counter()
         for ref, j in result.judged.items():
             reclaimable = j.kind in RECLAIMABLE_VALUES
             for pod in j.pods:
-                flavor = flavors_by_node.get(pod.node_name or "", "unknown")
-                gpus = sum(pod.gpu_requests.values())
-                ghosts[(ref.namespace, flavor, j.kind)] += gpus
-                if reclaimable:
-                    self.metrics.gpu_hours_reclaimable.labels(ref.namespace, flavor).inc(gpus * hours)
+                for flavor, gpus in by_flavor(pod):
+                    ghosts[(ref.namespace, flavor, j.kind)] += gpus
+                    if reclaimable:
+                        self.metrics.gpu_hours_reclaimable.labels(ref.namespace, flavor).inc(gpus * hours)
         # GPUs no workload accounts for are held as surely: in the totals, never reclaimable.
         pods_of = result.pods_of if result.pods_of is not None else opted_in_pods_of(snap)
         untracked = untracked_holders(snap.pods, snap.namespaces, pods_of, snap.holder_of)
         for holder, pods in untracked.items():
             for pod in pods:
-                flavor = flavors_by_node.get(pod.node_name or "", "unknown")
-                ghosts[(holder.namespace, flavor, UNTRACKED_OWNER)] += sum(pod.gpu_requests.values())
+                for flavor, gpus in by_flavor(pod):
+                    ghosts[(holder.namespace, flavor, UNTRACKED_OWNER)] += gpus
         self.metrics.set_ghosts(ghosts)
         # The same GPUs by top owner kind (`ghostgpu status --by owner`): which kinds need a row.
         self.metrics.set_owner_kinds(by_owner_kind(snap, pods_of, untracked))
