@@ -57,7 +57,7 @@ from ghostgpu.controller.managers import ManagerInformers
 from ghostgpu.controller.metrics import ControllerMetrics
 from ghostgpu.controller.reconciler import PollResult, Reconciler, Snapshot, accounting_from
 from ghostgpu.controller.server import HealthServer
-from ghostgpu.controller.slices import dra_capacity, slice_view
+from ghostgpu.controller.slices import DraCapacity, slice_view
 from ghostgpu.signals.agent import AgentProcessSource, AgentSeries
 from ghostgpu.signals.artifacts import FileArtifactProbe, S3ArtifactProbe
 from ghostgpu.signals.podexec import KubeExec, NoExec, PodExec
@@ -168,6 +168,7 @@ class Informers:
         # ... and the DRA flavors' capacity: the devices their classes select in the slices.
         self.slices = Reflector(api, RESOURCESLICES, transform=slice_view) if gpu_classes else None
         self.classes = Reflector(api, DEVICECLASSES, transform=class_view) if gpu_classes else None
+        self.capacity = DraCapacity()
         self.all = [
             self.namespaces,
             self.pods,
@@ -211,7 +212,7 @@ class Informers:
         capacity = {}
         if self.slices is not None and self.classes is not None:
             classes = {c.name: c for c in self.classes.store.values()}
-            capacity = dra_capacity(flavors, self.nodes.store.values(), self.slices.store.values(), classes)
+            capacity = self.capacity(flavors, self.nodes.store.values(), self.slices.store.values(), classes)
         return Snapshot(
             namespaces={name: labels for (_, name), labels in self.namespaces.store.items()},
             workloads=res.workloads,

@@ -19,7 +19,7 @@ from ghostgpu.controller.deviceclass import (
     parse_expression,
 )
 from ghostgpu.controller.metrics import ControllerMetrics
-from ghostgpu.controller.slices import Capacity, dra_capacity, slice_view
+from ghostgpu.controller.slices import Capacity, DraCapacity, dra_capacity, slice_view
 
 # NVIDIA's DRA driver (kubernetes-sigs/dra-driver-nvidia-gpu, deployments/helm/.../templates/
 # deviceclass-{gpu,mig,vfio-gpu}.yaml), as the chart renders them.
@@ -287,6 +287,38 @@ def test_a_missing_or_unreadable_device_class_makes_the_capacity_unknown() -> No
     assert devices([untyped])["h100-dra"] is None
 
 
+def test_a_slices_tally_is_kept_while_the_slice_and_the_class_are_the_same_objects(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from ghostgpu.controller import slices as slices_module
+
+    calls: list[str] = []
+    real = slices_module.tally
+
+    def counting(cls: Any, s: Any) -> Any:
+        calls.append(f"{cls.name}:{s.name}")
+        return real(cls, s)
+
+    monkeypatch.setattr(slices_module, "tally", counting)
+    count = DraCapacity()
+    views = [slice_view(resource_slice("node-1", [gpu("gpu-0"), mig("mig-0")]))]
+    assert count(FLAVORS, NODES, views, CLASSES)["h100-dra"] == Capacity(1.0)
+    assert len(calls) == 2  # one slice, two classes
+    assert count(FLAVORS, NODES, views, CLASSES)["mig-dra"] == Capacity(1.0)
+    assert len(calls) == 2
+    # the slice changed (a watch event): counted again, and the new devices count
+    views = [slice_view(resource_slice("node-1", [gpu("gpu-0"), gpu("gpu-1")], generation=2))]
+    assert count(FLAVORS, NODES, views, CLASSES)["h100-dra"] == Capacity(2.0)
+    assert len(calls) == 4
+    # the class changed: its slices are counted again under it
+    classes = {
+        **CLASSES,
+        "gpu.nvidia.com": class_view(device_class("gpu.nvidia.com", NVIDIA_GPU.replace("'gpu'", "'vfio'"))),
+    }
+    assert count(FLAVORS, NODES, views, classes)["h100-dra"] == Capacity(0.0)
+    assert len(calls) == 5
+
+
 def test_without_dra_flavors_nothing_is_counted() -> None:
     assert (
         dra_capacity([FLAVORS[0]], NODES, [slice_view(resource_slice("node-1", [gpu("g")]))], CLASSES) == {}
@@ -400,3 +432,28 @@ def test_the_informers_snapshot_carries_each_dra_flavors_capacity() -> None:
         informers.classes.store[("", c.name)] = c
     snap = informers.snapshot(FLAVORS)
     assert snap.dra_capacity == {"h100-dra": Capacity(1.0), "mig-dra": Capacity(2.0)}
+
+
+async def test_ghostgpu_status_lists_the_slices_and_classes_and_says_why_when_it_cannot() -> None:
+    from ghostgpu.controller.ops import _dra_capacity
+
+    class Cluster:
+        def __init__(self, fail: bool) -> None:
+            self.fail = fail
+            self.listed: list[str] = []
+
+        async def list(self, rt: Any) -> list[dict[str, Any]]:
+            self.listed.append(rt.plural)
+            if self.fail:
+                raise RuntimeError("403 Forbidden")
+            if rt is RESOURCESLICES:
+                return [resource_slice("node-1", [gpu("gpu-0"), mig("mig-0")])]
+            assert rt is DEVICECLASSES
+            return [device_class("gpu.nvidia.com", NVIDIA_GPU), device_class("mig.nvidia.com", NVIDIA_MIG)]
+
+    ok = Cluster(fail=False)
+    assert await _dra_capacity(ok, FLAVORS, NODES) == {"h100-dra": Capacity(1.0), "mig-dra": Capacity(1.0)}  # type: ignore[arg-type]
+    assert ok.listed == ["resourceslices", "deviceclasses"]
+    got = await _dra_capacity(Cluster(fail=True), FLAVORS, NODES)  # type: ignore[arg-type]
+    assert set(got) == {"h100-dra", "mig-dra"}
+    assert got["h100-dra"].devices is None and "403 Forbidden" in got["h100-dra"].why
