@@ -14,6 +14,7 @@ from ghostgpu.controller.books.accounting import account
 from ghostgpu.controller.deviceclass import (
     ClassView,
     Unsupported,
+    attributes_of,
     class_selector,
     class_view,
     parse_expression,
@@ -177,34 +178,49 @@ def test_anything_else_is_not_understood(expr: str) -> None:
 
 def test_a_missing_attribute_or_an_undecidable_comparison_is_unknown_but_a_false_side_wins() -> None:
     sel = class_selector(device_class("c", NVIDIA_GPU))
-    untyped = {"uuid": {"string": "GPU-1"}}
+    untyped = attributes_of({"uuid": {"string": "GPU-1"}})
     assert sel.matches("gpu.nvidia.com", untyped) is None  # CEL: no such key
     assert sel.matches("other.example.com", untyped) is False  # false && error is false
     version = class_selector(
         device_class("c", "device.attributes['gpu.nvidia.com'].driverVersion == '550.1.0'")
     )
-    assert version.matches("gpu.nvidia.com", {"driverVersion": {"version": "550.1.0"}}) is None
+    assert version.matches("gpu.nvidia.com", attributes_of({"driverVersion": {"version": "550.1.0"}})) is None
     typed = class_selector(device_class("c", "device.attributes['example.com'].count == 2"))
-    assert typed.matches("x", {"example.com/count": {"int": 2}}) is True
-    assert typed.matches("x", {"example.com/count": {"string": "2"}}) is None
+    assert typed.matches("x", attributes_of({"example.com/count": {"int": 2}})) is True
+    assert typed.matches("x", attributes_of({"example.com/count": {"string": "2"}})) is None
     flag = class_selector(device_class("c", "device.attributes['example.com'].on == true"))
-    assert flag.matches("x", {"example.com/on": {"bool": True}}) is True
-    assert flag.matches("x", {"example.com/on": {"int": 1}}) is None
+    assert flag.matches("x", attributes_of({"example.com/on": {"bool": True}})) is True
+    assert flag.matches("x", attributes_of({"example.com/on": {"int": 1}})) is None
     # an unqualified attribute is in the driver's domain only
-    assert typed.matches("example.com", {"count": {"int": 2}}) is True
-    assert typed.matches("other.example.com", {"count": {"int": 2}}) is None
+    assert typed.matches("example.com", attributes_of({"count": {"int": 2}})) is True
+    assert typed.matches("other.example.com", attributes_of({"count": {"int": 2}})) is None
+    # not exactly one value (the API refuses that) or a list value: nothing is told
+    assert typed.matches("x", attributes_of({"example.com/count": {"int": 2, "string": "2"}})) is None
+    assert typed.matches("x", attributes_of({"example.com/count": {"ints": [2]}})) is None
+
+
+def test_devices_of_one_model_share_their_attributes_in_the_cache() -> None:
+    a, b = slice_view(resource_slice("node-1", [gpu("gpu-0"), gpu("gpu-1")])).devices
+    same = [x for x, y in zip(a.attributes, b.attributes, strict=True) if x is y]
+    assert [x.name for x in same] == [
+        "cudaComputeCapability",
+        "productName",
+        "resource.kubernetes.io/pcieRoot",
+        "type",
+    ]
+    assert [x.name for x in a.attributes] == sorted(x.name for x in a.attributes)
 
 
 def test_selectors_are_tried_in_order_the_first_false_or_error_deciding() -> None:
     first_false = class_selector(
         device_class("c", "device.driver == 'x'", "device.attributes['x'].type == 'gpu'")
     )
-    assert first_false.matches("y", {}) is False
+    assert first_false.matches("y", ()) is False
     first_error = class_selector(
         device_class("c", "device.attributes['x'].type == 'gpu'", "device.driver == 'x'")
     )
-    assert first_error.matches("y", {}) is None
-    assert class_selector(device_class("c")).matches("any.driver", {}) is True  # no selector: all
+    assert first_error.matches("y", ()) is None
+    assert class_selector(device_class("c")).matches("any.driver", ()) is True  # no selector: all
 
 
 # --- counting ------------------------------------------------------------------------------------
