@@ -251,9 +251,9 @@ def _names_gpu(claim: ClaimView | None, request: str, gpu_classes: Collection[st
 
 
 def with_dra_gpus(view: Any, count: DraCount) -> Any:
-    """The pod's view (inventory.PodView) with its DRA GPUs added to `gpu_requests`, `gpus_unknown`
-    set, its claims' GPU containers added to `gpu_containers` (after the device-plugin ones) and
-    its GPU devices and claim peers set; the view itself when nothing changes."""
+    """The pod's view (inventory.PodView) with its DRA GPUs added to `gpu_requests` and their sum in
+    `dra_gpus`, `gpus_unknown` set, its claims' GPU containers added to `gpu_containers` (after the
+    device-plugin ones) and its GPU devices and claim peers set; the view itself when nothing changes."""
     if not (count.gpus or count.unknown or count.devices or count.containers or count.peers):
         return view
     merged = MappingProxyType({**view.gpu_requests, **count.gpus}) if count.gpus else view.gpu_requests
@@ -262,6 +262,7 @@ def with_dra_gpus(view: Any, count: DraCount) -> Any:
         view,
         gpu_requests=merged,
         gpus_unknown=count.unknown,
+        dra_gpus=sum(count.gpus.values()),
         gpu_containers=containers,
         dra_devices=count.devices,
         claim_peers=count.peers,

@@ -8,7 +8,7 @@ workload's selector, so a pod that merely shares a name prefix is never attribut
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from functools import lru_cache
@@ -97,6 +97,9 @@ class PodView:
     container_claims: tuple[ContainerClaim, ...] = ()
     dra_devices: tuple[DraDevice, ...] = ()
     claim_peers: tuple[ClaimPeer, ...] = ()
+    # The DRA devices counted on it (in gpu_requests too): a workload's own GPU count adds them to
+    # the device-plugin count its template asks for (the decision log, the risk gate, GPU-hours).
+    dra_gpus: float = 0.0
 
     @property
     def running(self) -> bool:
@@ -408,6 +411,13 @@ def pods_by_workload(
     for lst in out.values():
         lst.sort(key=lambda p: p.name)
     return out
+
+
+def dra_gpus_of(pods: Sequence[PodView]) -> float:
+    """The DRA devices these pods hold (claims.py): 0 for device-plugin pods."""
+    if len(pods) == 1:  # nearly every workload: no generator
+        return pods[0].dra_gpus
+    return sum(p.dra_gpus for p in pods)
 
 
 def is_tracked(obj_labels: Mapping[str, str]) -> bool:

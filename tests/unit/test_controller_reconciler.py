@@ -264,7 +264,7 @@ class Harness:
         self.rec = self.reconciler()
 
     def reconciler(self) -> Reconciler:
-        async def escalate(decision: Any, wl: Any) -> None:
+        async def escalate(decision: Any, wl: Any, pods: Any = ()) -> None:
             self.escalations.append(wl.ref.name)
 
         return Reconciler(

@@ -523,7 +523,7 @@ def reconciler(tmp: Path, api: FakeApi, escalations: list[str]) -> Reconciler:
         {"mode": "enforce", "window": 3, "longWindow": 6, "startupGrace": "10m", "autonomy": {"tau": 0.5}}
     )
 
-    async def escalate(decision: Any, wl: Any) -> None:
+    async def escalate(decision: Any, wl: Any, pods: Any = ()) -> None:
         escalations.append(str(wl.ref))
 
     return Reconciler(

@@ -252,7 +252,7 @@ class Actor:
             type_="Warning",
         )
         if self.escalate is not None:
-            await self.escalate(p.decision, wl)
+            await self.escalate(p.decision, wl, pods)
         return "escalated"
 
 

@@ -16,7 +16,7 @@ from typing import NamedTuple
 from ghostgpu.autonomy import AutonomyConfig
 from ghostgpu.config import ControllerConfig
 from ghostgpu.controller import keys
-from ghostgpu.controller.inventory import PodView, Workload, WorkloadRef
+from ghostgpu.controller.inventory import PodView, Workload, WorkloadRef, dra_gpus_of
 from ghostgpu.controller.judge import planner
 from ghostgpu.controller.judge.planner import Plan
 from ghostgpu.controller.judge.recorded import reasons_changed, recorded, verdict_of
@@ -113,13 +113,22 @@ class Judge:
                     if verdict.reclaimable
                     else None
                 )
+                # A DRA workload's GPUs are its pods' devices: its template names none (inventory).
+                dra = dra_gpus_of(pods)
                 p = planner.plan(
-                    wl, verdict, previous, self.cfg, team=team, autonomy=self.autonomy, shared=shared
+                    wl,
+                    verdict,
+                    previous,
+                    self.cfg,
+                    team=team,
+                    autonomy=self.autonomy,
+                    shared=shared,
+                    dra_gpus=dra,
                 )
                 # An owner with no actuator gets no reasons-only update: nothing is written to it.
                 changed = not wl.no_actuator and reasons_changed(on, verdict)
                 kind = verdict.kind.value
-                gpus = sum(wl.gpus_per_pod.values()) * len(pods)
+                gpus = sum(wl.gpus_per_pod.values()) * len(pods) + dra
                 if evidence is None and len(pods) == 1 and not wl.no_actuator:
                     settled[ref] = SettledPlan(wl, pods[0], verdict, team, p, changed, kind, gpus)
                 elif memo is not None:

@@ -87,13 +87,15 @@ def manifest_lines(workload: Workload) -> int:
     return len(yaml.safe_dump(obj, sort_keys=True).splitlines())
 
 
-def facts_for(workload: Workload, team: str | None) -> WorkloadFacts:
+def facts_for(workload: Workload, team: str | None, dra_gpus: float = 0.0) -> WorkloadFacts:
+    """`dra_gpus`: the DRA devices its pods hold (inventory.dra_gpus_of): its template names
+    ResourceClaimTemplates, not GPUs, so they are counted from its pods' claims."""
     gpus_per_pod = sum(workload.gpus_per_pod.values())
     return WorkloadFacts(
         kind=workload.ref.kind,
         name=workload.ref.name,
         namespace=workload.ref.namespace,
-        gpus=gpus_per_pod * workload.replicas,
+        gpus=gpus_per_pod * workload.replicas + dra_gpus,
         replicas=workload.replicas,
         volumes=workload.volumes,
         manifest_lines=manifest_lines(workload),
@@ -116,9 +118,11 @@ def plan(
     team: str | None = None,
     autonomy: AutonomyConfig | None = None,
     shared: str | None = None,
+    dra_gpus: float = 0.0,
 ) -> Plan:
     """`shared`: the `shared_claim` reason of the workload's pods; a reclaimable verdict is then
-    held, in every mode (a shadow "would reclaim" would not be true either)."""
+    held, in every mode (a shadow "would reclaim" would not be true either). `dra_gpus`: the DRA
+    devices the workload's pods hold (facts_for)."""
     # A first verdict of plain ACTIVE (utilization non-zero, nothing else to say) is not recorded:
     # it would change nothing anyone acts on (the controller keeps its verdicts in memory; no
     # annotation still reads as "no finding"), and at fleet scale it was nearly all of a controller
@@ -139,7 +143,7 @@ def plan(
         return Plan(record, "disabled", note=f"actions.reclaim.{verdict.kind.value} is false")
     cls = action_class(workload)
     name, gate, _ = gate_for(workload, autonomy or cfg.autonomy, table_from(cfg.actuators))
-    decision = decide_action(verdict.kind.value, name, facts_for(workload, team), gate)
+    decision = decide_action(verdict.kind.value, name, facts_for(workload, team, dra_gpus), gate)
     if workload.no_actuator:
         # A controller owner ghostgpu cannot stop: writing its child would be undone by it.
         why = (

@@ -179,6 +179,9 @@ class Observer:
                 # this poll (no sample, no verdict), never judged on GPUs it may hold.
                 result.states["gpus-unknown"] += 1
                 continue
+            dra = running[0].dra_gpus if len(running) == 1 else max(p.dra_gpus for p in running)
+            if dra != st.dra_gpus_per_pod:
+                st.dra_gpus_per_pod = dra
             if self._settling(ref, running, now):
                 result.states["reclaimed"] += 1  # the cache has not seen the scale-down yet
                 st.reset_window()
