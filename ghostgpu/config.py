@@ -461,9 +461,12 @@ def _dcgm_preset() -> MetricsPreset:
         utilization_query="max by (${namespace_label}, ${pod_label}) (${utilization_metric}"
         + _SELECTOR
         + ")",
-        framebuffer_query="sum by (${namespace_label}, ${pod_label}) (${framebuffer_metric}"
+        # One GPU's series per container that uses it: a DRA device two containers name is two
+        # series (dcgm-exporter's toDeviceToPodsDRA), counted once.
+        framebuffer_query="sum by (${namespace_label}, ${pod_label}) "
+        + "(max without (container) (${framebuffer_metric}"
         + _SELECTOR
-        + ")",
+        + "))",
         xid_query="max by (${namespace_label}, ${pod_label}) (${xid_metric}" + _SELECTOR + ")",
     )
 

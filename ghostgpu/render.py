@@ -553,10 +553,10 @@ def grafana_dashboard() -> dict[str, Any]:
 
 
 def _agent_node_terms(cfg: c.GhostgpuConfig) -> list[dict[str, Any]]:
-    """nodeSelectorTerms (ORed) for the GPU nodes: one per distinct flavor nodeLabels set (ANDed).
-    A flavor without nodeLabels can be on any node: then no affinity at all. DRA flavors do not
-    count: the agent finds GPU containers by their device-plugin resources."""
-    flavors = [f for f in cfg.flavors if f.resource is not None]
+    """nodeSelectorTerms (ORed) for the GPU nodes: one per distinct flavor nodeLabels set (ANDed),
+    device-plugin and DRA flavors alike (the agent finds a DRA container by the claims it names).
+    A flavor without nodeLabels can be on any node: then no affinity at all."""
+    flavors = cfg.flavors
     if any(not f.node_labels for f in flavors):
         return []
     sets = sorted({tuple(sorted(f.node_labels.items())) for f in flavors})
@@ -569,8 +569,6 @@ def _agent_node_terms(cfg: c.GhostgpuConfig) -> list[dict[str, Any]]:
 def _agent_tolerations(cfg: c.GhostgpuConfig) -> list[dict[str, Any]]:
     seen: dict[str, dict[str, Any]] = {}
     for f in cfg.flavors:
-        if f.resource is None:
-            continue
         for t in f.tolerations:
             d = t.model_dump(by_alias=True, mode="json", exclude_none=True)
             seen.setdefault(json.dumps(d, sort_keys=True), d)

@@ -2,7 +2,11 @@
 
 Which containers (the set the controller's exec source would list, and more): every container
 that asks for a GPU in a Running pod that asks for one (any container, init containers too), or
-the pod's first container when only an init container does. Per container:
+the pod's first container when only an init container does. A container asks for a GPU when it
+requests a device-plugin GPU resource or names a claim in `resources.claims` (DRA): the agent may
+read pods only, not the ResourceClaims that say a claim's device class, so every claim counts (a
+container of a NIC-only claim is reported too; the controller reads only its tracked pods'
+containers). Per container:
 
 - running with a container ID: its host processes are the ones whose cgroup names that ID; none
   at all is `no-cgroup-match` (the agent cannot see it: a private cgroup namespace, another
@@ -71,6 +75,8 @@ class ScanResult:
 
 def _requests_gpu(container: Mapping[str, Any], is_gpu: Callable[[str], bool]) -> bool:
     res = container.get("resources") or {}
+    if res.get("claims"):  # DRA: a claim's class is not the agent's to read (see the module)
+        return True
     return any(is_gpu(r) for r in (*(res.get("limits") or {}), *(res.get("requests") or {})))
 
 

@@ -24,16 +24,19 @@ from ghostgpu.actuators import ActuatorTable
 from ghostgpu.config import ControllerConfig, load_config, load_controller_config
 from ghostgpu.controller import keys
 from ghostgpu.controller.act.gitops import ApiReader, GitOpsPreflight
-from ghostgpu.controller.books.accounting import FlavorSpec, node_flavor
+from ghostgpu.controller.books.accounting import FlavorSpec, node_labels_for_books
 from ghostgpu.controller.books.decisions import DecisionLog
 from ghostgpu.controller.books.placeholders import ReservationMetrics, Reservations, reserve
 from ghostgpu.controller.budget import BudgetedApi, BudgetedExec, BudgetMetrics, RequestBudget
 from ghostgpu.controller.claims import DraCounter, claim_view
+from ghostgpu.controller.deviceclass import class_view
 from ghostgpu.controller.inventory import (
     GpuPredicate,
     OwnerRef,
+    PodView,
     Workload,
     cached_pod,
+    dra_gpus_of,
     gpu_predicate,
     workload_from,
 )
@@ -54,6 +57,7 @@ from ghostgpu.controller.managers import ManagerInformers
 from ghostgpu.controller.metrics import ControllerMetrics
 from ghostgpu.controller.reconciler import PollResult, Reconciler, Snapshot, accounting_from
 from ghostgpu.controller.server import HealthServer
+from ghostgpu.controller.slices import DraCapacity, slice_view
 from ghostgpu.signals.agent import AgentProcessSource, AgentSeries
 from ghostgpu.signals.artifacts import FileArtifactProbe, S3ArtifactProbe
 from ghostgpu.signals.podexec import KubeExec, NoExec, PodExec
@@ -64,6 +68,8 @@ from ghostgpu.signals.utilization import QuerySpec, UtilizationSource
 log = logging.getLogger("ghostgpu.controller")
 RESOURCEFLAVORS = ResourceType("kueue.x-k8s.io/v1beta2", "resourceflavors", namespaced=False)
 RESOURCECLAIMS = ResourceType("resource.k8s.io/v1", "resourceclaims", kind="ResourceClaim")
+RESOURCESLICES = ResourceType("resource.k8s.io/v1", "resourceslices", namespaced=False, kind="ResourceSlice")
+DEVICECLASSES = ResourceType("resource.k8s.io/v1", "deviceclasses", namespaced=False, kind="DeviceClass")
 
 
 @dataclass(frozen=True)
@@ -159,6 +165,10 @@ class Informers:
         # Only with DRA flavors (their device classes): the devices allocated to each claim.
         self.claims = Reflector(api, RESOURCECLAIMS, transform=claim_view) if gpu_classes else None
         self.dra = DraCounter(gpu_classes)
+        # ... and the DRA flavors' capacity: the devices their classes select in the slices.
+        self.slices = Reflector(api, RESOURCESLICES, transform=slice_view) if gpu_classes else None
+        self.classes = Reflector(api, DEVICECLASSES, transform=class_view) if gpu_classes else None
+        self.capacity = DraCapacity()
         self.all = [
             self.namespaces,
             self.pods,
@@ -166,7 +176,7 @@ class Informers:
             self.deployments,
             self.statefulsets,
             *self.managers.reflectors,
-            *([self.claims] if self.claims is not None else []),
+            *(r for r in (self.claims, self.slices, self.classes) if r is not None),
         ]
 
     @property
@@ -190,8 +200,7 @@ class Informers:
             pods = self.dra.pods(pods, self.claims.store)
         nodes = []
         for n in self.nodes.store.values():
-            f = node_flavor(n, flavors)
-            nodes.append({**n, "_flavor": f.name if f else "unknown"})
+            nodes.append({**n, **node_labels_for_books(n, flavors)})
         store = self.pods.store
 
         def pod_owner(ns: str, name: str) -> OwnerRef | None:
@@ -200,6 +209,10 @@ class Informers:
             return OwnerRef(v.owner_kind, v.owner_name or "", "", "") if v and v.owner_kind else None
 
         res = self.managers.resolve(workloads, pods, pod_owner)
+        capacity = {}
+        if self.slices is not None and self.classes is not None:
+            classes = {c.name: c for c in self.classes.store.values()}
+            capacity = self.capacity(flavors, self.nodes.store.values(), self.slices.store.values(), classes)
         return Snapshot(
             namespaces={name: labels for (_, name), labels in self.namespaces.store.items()},
             workloads=res.workloads,
@@ -207,6 +220,7 @@ class Informers:
             nodes=nodes,
             top_of=res.top_of,
             holder_of=res.holder_of,
+            dra_capacity=capacity,
         )
 
 
@@ -237,6 +251,7 @@ def signal_sources(cfg: ControllerConfig, prom: PrometheusClient, executor: PodE
         max_sample_age=cfg.stale_after.seconds,
         zero_threshold=cfg.zero_threshold,
         agent_processes=agent,
+        dra_devices=bool(cfg.dra_flavors),
     )
     if agent:
         series = AgentSeries()
@@ -461,8 +476,9 @@ def _escalator(cfg: ControllerConfig) -> Any:
 
     settings = cfg.autonomy.escalation
 
-    async def escalate(decision: Any, wl: Workload) -> None:
-        result = await send_escalation(decision, facts_for(wl, None), settings)
+    async def escalate(decision: Any, wl: Workload, pods: Sequence[PodView] = ()) -> None:
+        facts = facts_for(wl, None, dra_gpus_of(pods))  # a DRA workload's GPUs: its pods' devices
+        result = await send_escalation(decision, facts, settings)
         if not result.ok:
             log.warning("escalation webhook failed", extra={"error": result.error, "workload": str(wl.ref)})
 

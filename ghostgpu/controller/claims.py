@@ -20,6 +20,12 @@ The rules:
 - a claim the cache has not seen, or a template whose claim is not generated yet for a scheduled
   pod, makes the pod's DRA GPUs *unknown* (`PodView.gpus_unknown`): such a pod's workload is not
   judged that poll and the reservation changes nothing that poll (it never looks free).
+
+For the signals (`DraCount.devices`, `.containers`, `.peers`), every consumer of a claim uses its
+devices, holder or not: each GPU device of the pod's allocated claims must have its own GPU series
+(signals/utilization.py), a container that names such a claim in `resources.claims` is a GPU
+container (where processes are listed), and the other consumers of a claim with GPU devices are
+named so that the pod is never reclaimed while they use it (judge/planner.py).
 """
 
 from __future__ import annotations
@@ -29,6 +35,8 @@ from dataclasses import dataclass, replace
 from sys import intern
 from types import MappingProxyType
 from typing import Any, NamedTuple
+
+from ghostgpu.signals.dra import DraDevice
 
 UNRESOLVED = ""  # a template claim whose generated claim the pod's status does not name yet
 
@@ -53,6 +61,8 @@ class ClaimView:
     allocated: bool
     devices: tuple[ClaimDevice, ...]
     reserved_for: tuple[str, ...]  # uids of the consumer Pods (status.reservedFor)
+    # Their names, in the order of reserved_for (what a verdict names when the claim is shared).
+    consumer_names: tuple[str, ...] = ()
 
     def holder(self) -> str | None:
         """The consumer pod its devices are counted on: the first uid (None: no consumer)."""
@@ -90,12 +100,10 @@ def claim_view(obj: Mapping[str, Any]) -> ClaimView:
                 intern(classes.get(request, "")),
             )
         )
-    consumers = tuple(
-        sorted(
-            str(c.get("uid", ""))
-            for c in status.get("reservedFor") or []
-            if c.get("resource") == "pods" and not c.get("apiGroup")
-        )
+    consumers = sorted(
+        (str(c.get("uid", "")), str(c.get("name", "")))
+        for c in status.get("reservedFor") or []
+        if c.get("resource") == "pods" and not c.get("apiGroup")
     )
     return ClaimView(
         namespace=intern(str(meta.get("namespace", ""))),
@@ -103,35 +111,79 @@ def claim_view(obj: Mapping[str, Any]) -> ClaimView:
         uid=str(meta.get("uid", "")),
         allocated=allocation is not None,
         devices=tuple(devices),
-        reserved_for=consumers,
+        reserved_for=tuple(uid for uid, _ in consumers),
+        consumer_names=tuple(name for _, name in consumers),
     )
+
+
+def _resolved_entries(spec: Mapping[str, Any], status: Mapping[str, Any]) -> dict[str, str]:
+    """spec.resourceClaims entry name -> the ResourceClaim's name (UNRESOLVED: a template whose
+    claim the status does not name yet); an entry whose template needed no claim is left out."""
+    generated: dict[str, str | None] = {
+        str(s.get("name", "")): s.get("resourceClaimName") for s in status.get("resourceClaimStatuses") or []
+    }
+    out: dict[str, str] = {}
+    for c in spec.get("resourceClaims") or []:
+        entry = str(c.get("name", ""))
+        if c.get("resourceClaimName"):
+            out[entry] = str(c["resourceClaimName"])
+        elif c.get("resourceClaimTemplateName"):
+            if entry not in generated:
+                out[entry] = UNRESOLVED
+            elif generated[entry]:
+                out[entry] = str(generated[entry])
+    return out
 
 
 def pod_claim_names(spec: Mapping[str, Any], status: Mapping[str, Any]) -> tuple[str, ...]:
     """The ResourceClaims a pod uses, by name; UNRESOLVED for a template whose claim its status
     does not name yet. A status entry without a claim name (no claim was needed) is left out."""
-    claims = spec.get("resourceClaims")
-    if not claims:
+    if not spec.get("resourceClaims"):
         return ()
-    generated: dict[str, str | None] = {
-        str(s.get("name", "")): s.get("resourceClaimName") for s in status.get("resourceClaimStatuses") or []
-    }
-    out: list[str] = []
-    for c in claims:
-        if c.get("resourceClaimName"):
-            out.append(str(c["resourceClaimName"]))
-        elif c.get("resourceClaimTemplateName"):
-            name = str(c.get("name", ""))
-            if name not in generated:
-                out.append(UNRESOLVED)
-            elif generated[name]:
-                out.append(str(generated[name]))
-    return tuple(dict.fromkeys(out))
+    return tuple(dict.fromkeys(_resolved_entries(spec, status).values()))
+
+
+class ContainerClaim(NamedTuple):
+    """A regular container's `resources.claims[]` entry, resolved to the ResourceClaim's name."""
+
+    container: str
+    claim: str  # UNRESOLVED: the template's claim is not generated yet
+    request: str  # "" for every request of the claim
+
+
+def pod_container_claims(spec: Mapping[str, Any], status: Mapping[str, Any]) -> tuple[ContainerClaim, ...]:
+    """The claims each regular container names, in spec order (() for a pod without claims)."""
+    if not spec.get("resourceClaims"):
+        return ()
+    entries = _resolved_entries(spec, status)
+    out: list[ContainerClaim] = []
+    for c in spec.get("containers") or []:
+        for ref in (c.get("resources") or {}).get("claims") or []:
+            claim = entries.get(str(ref.get("name", "")))
+            if claim is not None:
+                out.append(
+                    ContainerClaim(intern(str(c.get("name", ""))), claim, str(ref.get("request") or ""))
+                )
+    return tuple(out)
+
+
+class ClaimPeer(NamedTuple):
+    """Another consumer pod of one of a pod's claims that holds GPU devices."""
+
+    claim: str
+    pod_uid: str
+    pod_name: str
 
 
 class DraCount(NamedTuple):
     gpus: dict[str, float]  # device class -> devices counted on this pod
     unknown: bool
+    # Every GPU device of the pod's allocated claims, holder or not (each must have its series).
+    devices: tuple[DraDevice, ...] = ()
+    # Containers that name a claim holding a GPU device (in the request they name, if any).
+    containers: tuple[str, ...] = ()
+    # The other consumers of the pod's claims that hold GPU devices.
+    peers: tuple[ClaimPeer, ...] = ()
 
 
 def dra_gpus(
@@ -142,10 +194,14 @@ def dra_gpus(
     gpu_classes: Collection[str],
     *,
     scheduled: bool,
+    container_claims: tuple[ContainerClaim, ...] = (),
 ) -> DraCount:
-    """The GPU devices a pod holds through its claims, per device class (see the module's rules)."""
+    """The GPU devices a pod holds through its claims, per device class (see the module's rules),
+    and what its signals need: its GPU devices, GPU containers and the claims' other consumers."""
     gpus: dict[str, float] = {}
     seen: set[tuple[str, str, str]] = set()
+    devices: dict[tuple[str, str, str], DraDevice] = {}
+    peers: list[ClaimPeer] = []
     unknown = False
     for name in claim_names:
         if name == UNRESOLVED:
@@ -155,23 +211,62 @@ def dra_gpus(
         if claim is None:
             unknown = True
             continue
-        if not claim.allocated or claim.holder() != uid:
+        if not claim.allocated:
             continue
-        for d in claim.devices:
+        gpu_devices = [d for d in claim.devices if d.device_class in gpu_classes]
+        for d in gpu_devices:
+            devices.setdefault((d.driver, d.pool, d.device), DraDevice(d.driver, d.pool, d.device, name))
+        if gpu_devices:
+            names = claim.consumer_names or ("",) * len(claim.reserved_for)
+            peers += (
+                ClaimPeer(name, u, n) for u, n in zip(claim.reserved_for, names, strict=True) if u != uid
+            )
+        if claim.holder() != uid:
+            continue
+        for d in gpu_devices:
             key = (d.driver, d.pool, d.device)
-            if d.device_class in gpu_classes and key not in seen:
+            if key not in seen:
                 seen.add(key)
                 gpus[d.device_class] = gpus.get(d.device_class, 0.0) + 1.0
-    return DraCount(gpus, unknown)
+    containers = tuple(
+        dict.fromkeys(
+            c.container
+            for c in container_claims
+            if _names_gpu(claims.get((namespace, c.claim)), c.request, gpu_classes)
+        )
+    )
+    return DraCount(gpus, unknown, tuple(devices[k] for k in sorted(devices)), containers, tuple(peers))
+
+
+def _names_gpu(claim: ClaimView | None, request: str, gpu_classes: Collection[str]) -> bool:
+    """A container's claim reference names a GPU device: one of the claim's allocated GPU devices,
+    of the request it names (a firstAvailable result `<request>/<sub>` is of `<request>`)."""
+    if claim is None or not claim.allocated:
+        return False
+    return any(
+        d.device_class in gpu_classes
+        and (not request or d.request == request or d.request.startswith(request + "/"))
+        for d in claim.devices
+    )
 
 
 def with_dra_gpus(view: Any, count: DraCount) -> Any:
-    """The pod's view (inventory.PodView) with its DRA GPUs added to `gpu_requests` and
-    `gpus_unknown` set; the view itself when neither changes."""
-    if not count.gpus and not count.unknown:
+    """The pod's view (inventory.PodView) with its DRA GPUs added to `gpu_requests` and their sum in
+    `dra_gpus`, `gpus_unknown` set, its claims' GPU containers added to `gpu_containers` (after the
+    device-plugin ones) and its GPU devices and claim peers set; the view itself when nothing changes."""
+    if not (count.gpus or count.unknown or count.devices or count.containers or count.peers):
         return view
     merged = MappingProxyType({**view.gpu_requests, **count.gpus}) if count.gpus else view.gpu_requests
-    return replace(view, gpu_requests=merged, gpus_unknown=count.unknown)
+    containers = tuple(dict.fromkeys((*view.gpu_containers, *count.containers)))
+    return replace(
+        view,
+        gpu_requests=merged,
+        gpus_unknown=count.unknown,
+        dra_gpus=sum(count.gpus.values()),
+        gpu_containers=containers,
+        dra_devices=count.devices,
+        claim_peers=count.peers,
+    )
 
 
 class DraCounter:
@@ -203,6 +298,7 @@ class DraCounter:
                     claims,
                     self.gpu_classes,
                     scheduled=bool(view.node_name),
+                    container_claims=view.container_claims,
                 )
                 counted = with_dra_gpus(view, count)
             memo[key] = (view, deps, counted)

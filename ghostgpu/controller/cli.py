@@ -130,7 +130,8 @@ def status(
         "in opted-in namespaces, by verdict (UNTRACKED_OWNER: GPU pods no tracked workload owns; "
         "counted, never acted on) · reserved: of those, reserved in Kueue by placeholder Workloads "
         "(controller.reservation; admitted includes them) · free: truly free · Kueue free: nominal "
-        "quota - admitted · ?: unknown (a DRA flavor's devices are in ResourceSlices, not read)",
+        "quota - admitted · ?: unknown (a DRA flavor whose devices cannot be counted for sure: "
+        "`--json` says why in capacityUnknown; or a pod on its nodes whose claims are not known yet)",
     )
     cols = ("flavor", "alloc", "admitted", "outside", "by verdict", "reserved", "free", "Kueue free", "gap")
     for col in cols:
@@ -139,14 +140,14 @@ def status(
         by = ", ".join(f"{k} {v:g}" for k, v in sorted(a.outside_kueue.items())) or "-"
         table.add_row(
             a.flavor,
-            "?" if a.dra else f"{a.allocatable:g}",
+            f"{a.allocatable:g}" if a.allocatable_known else "?",
             f"{a.kueue_admitted:g}",
             f"{a.held_outside_kueue:g}",
             by,
             f"{a.reserved_outside:g}",
-            "?" if a.dra else f"{a.truly_free:g}",
+            f"{a.truly_free:g}" if a.free_known else "?",
             f"{a.kueue_believes_free:g}",
-            "?" if a.dra else f"{a.gap:g}",
+            f"{a.gap:g}" if a.free_known else "?",
         )
     Console().print(table)
 

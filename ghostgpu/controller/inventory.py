@@ -8,7 +8,7 @@ workload's selector, so a pod that merely shares a name prefix is never attribut
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from functools import lru_cache
@@ -19,9 +19,15 @@ from typing import Any, NamedTuple
 from ghostgpu.actuators import POD_CONTROLLERS
 from ghostgpu.config import GPU_RESOURCE_PREFIXES
 from ghostgpu.controller import keys
-from ghostgpu.controller.claims import pod_claim_names
+from ghostgpu.controller.claims import (
+    ClaimPeer,
+    ContainerClaim,
+    pod_claim_names,
+    pod_container_claims,
+)
 from ghostgpu.controller.packing import pack, unpack
 from ghostgpu.quantity import Quantity
+from ghostgpu.signals.dra import DraDevice
 from ghostgpu.signals.faults import PodFaults, pod_faults
 
 
@@ -85,6 +91,15 @@ class PodView:
     # gpu_requests at each snapshot, and gpus_unknown says a claim of it is not known yet.
     claims: tuple[str, ...] = ()
     gpus_unknown: bool = False
+    # The claims each container names (resources.claims); with the claims cache, the snapshot's
+    # DraCounter adds the containers of GPU claims to gpu_containers, sets the GPU devices whose
+    # series the utilization signal expects, and the other consumers of its GPU claims.
+    container_claims: tuple[ContainerClaim, ...] = ()
+    dra_devices: tuple[DraDevice, ...] = ()
+    claim_peers: tuple[ClaimPeer, ...] = ()
+    # The DRA devices counted on it (in gpu_requests too): a workload's own GPU count adds them to
+    # the device-plugin count its template asks for (the decision log, the risk gate, GPU-hours).
+    dra_gpus: float = 0.0
 
     @property
     def running(self) -> bool:
@@ -259,6 +274,7 @@ def pod_view(obj: Mapping[str, Any], is_gpu: GpuPredicate) -> PodView:
         faults=pod_faults(status),
         annotations=ours or _EMPTY,
         claims=pod_claim_names(spec, status),
+        container_claims=pod_container_claims(spec, status),
     )
 
 
@@ -395,6 +411,13 @@ def pods_by_workload(
     for lst in out.values():
         lst.sort(key=lambda p: p.name)
     return out
+
+
+def dra_gpus_of(pods: Sequence[PodView]) -> float:
+    """The DRA devices these pods hold (claims.py): 0 for device-plugin pods."""
+    if len(pods) == 1:  # nearly every workload: no generator
+        return pods[0].dra_gpus
+    return sum(p.dra_gpus for p in pods)
 
 
 def is_tracked(obj_labels: Mapping[str, str]) -> bool:

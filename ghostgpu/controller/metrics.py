@@ -3,6 +3,7 @@ replicas in one process never share counters)."""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING
 
@@ -131,8 +132,14 @@ class ControllerMetrics:
                 ("truly_free", a.truly_free),
                 ("kueue_believes_free", a.kueue_believes_free),
             ):
-                if a.dra and kind in ("allocatable", "truly_free"):
-                    continue  # a DRA flavor's capacity is unknown (accounting.FlavorAccount.dra)
+                if (kind == "allocatable" and not a.allocatable_known) or (
+                    kind == "truly_free" and not a.free_known
+                ):
+                    # Unknown (a DRA flavor, accounting.FlavorAccount): no series rather than a
+                    # made-up 0, and none left over from a poll when it was known.
+                    with contextlib.suppress(KeyError):
+                        self.flavor_gpus.remove(a.flavor, kind)
+                    continue
                 self.flavor_gpus.labels(a.flavor, kind).set(value)
             for verdict, value in a.outside_kueue.items():
                 self.flavor_outside.labels(a.flavor, verdict).set(value)

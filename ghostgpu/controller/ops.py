@@ -12,15 +12,18 @@ from ghostgpu.controller import keys
 from ghostgpu.controller.act import stops
 from ghostgpu.controller.act.revert_guard import RESTORE_MANAGER
 from ghostgpu.controller.app import (
+    DEVICECLASSES,
     RESOURCECLAIMS,
+    RESOURCESLICES,
     LoadedConfig,
     _kube_api,
     _slim_node,
     discover_flavors,
     dra_flavor_specs,
 )
-from ghostgpu.controller.books.accounting import FlavorAccount, FlavorSpec, node_flavor
+from ghostgpu.controller.books.accounting import FlavorAccount, FlavorSpec, node_labels_for_books
 from ghostgpu.controller.claims import DraCounter, claim_view
+from ghostgpu.controller.deviceclass import class_view
 from ghostgpu.controller.inventory import (
     OwnerRef,
     WorkloadRef,
@@ -44,6 +47,7 @@ from ghostgpu.controller.kube import (
 from ghostgpu.controller.ledger import LedgerEntry, ReplicaLedger
 from ghostgpu.controller.managers import Resolver, manager_workload, register_kinds, resource_type
 from ghostgpu.controller.reconciler import Snapshot, accounting_from
+from ghostgpu.controller.slices import Capacity, dra_capacity, slice_view
 
 KIND_ALIASES = {
     "deployment": "Deployment",
@@ -260,8 +264,7 @@ async def _status_snapshot(
     }
     nodes = [_slim_node(n) for n in await cluster.list(NODES)]
     for n in nodes:
-        f = node_flavor(n, flavors)
-        n["_flavor"] = f.name if f else "unknown"
+        n.update(node_labels_for_books(n, flavors))
     pods = [pod_view(p, is_gpu) for p in await cluster.list(PODS)]
     if dra:  # DRA flavors: a pod's GPUs are also the devices allocated to its ResourceClaims
         claims = {(c.namespace, c.name): c for c in map(claim_view, await cluster.list(RESOURCECLAIMS))}
@@ -288,6 +291,7 @@ async def _status_snapshot(
         return OwnerRef(v.owner_kind, v.owner_name or "", "", "") if v and v.owner_kind else None
 
     res = Resolver(table).resolve(tracked, chain, managers, pods, pod_owner)
+    capacity = await _dra_capacity(cluster, flavors, nodes) if dra else {}
     snap = Snapshot(
         namespaces=namespaces,
         workloads=res.workloads,
@@ -295,8 +299,21 @@ async def _status_snapshot(
         nodes=nodes,
         top_of=res.top_of,
         holder_of=res.holder_of,
+        dra_capacity=capacity,
     )
     return cluster, flavors, snap, cqs
+
+
+async def _dra_capacity(cluster: Cluster, flavors: list[FlavorSpec], nodes: list[Any]) -> dict[str, Capacity]:
+    """The DRA flavors' devices (slices.py); unknown, with the reason, when the slices or the
+    classes cannot be listed (an older cluster, or no right to read them)."""
+    try:
+        slices = [slice_view(o) for o in await cluster.list(RESOURCESLICES)]
+        classes = {c.name: c for c in map(class_view, await cluster.list(DEVICECLASSES))}
+    except Exception as exc:
+        why = f"cannot list ResourceSlices and DeviceClasses: {type(exc).__name__}: {str(exc)[:200]}"
+        return {f.name: Capacity(None, why) for f in flavors if f.device_class is not None}
+    return dra_capacity(flavors, nodes, slices, classes)
 
 
 async def _fill_reservations(

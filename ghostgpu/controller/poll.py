@@ -15,6 +15,7 @@ if TYPE_CHECKING:  # the rooms' own types; this module sits below them
     from ghostgpu.controller.books.accounting import FlavorAccount
     from ghostgpu.controller.judge.planner import Plan
     from ghostgpu.controller.observe.evidence import WorkloadState
+    from ghostgpu.controller.slices import Capacity
 
 
 @dataclass
@@ -31,6 +32,9 @@ class Snapshot:
     # A pod -> the top of its controller chain as the caches see it, tracked or not
     # (managers.Resolution.holder_of): names the holder of GPUs no workload accounts for.
     holder_of: Callable[[PodView], WorkloadRef] | None = None
+    # Each DRA flavor's devices from the ResourceSlices (slices.dra_capacity); empty without DRA
+    # flavors. A DRA flavor missing here has an unknown capacity.
+    dra_capacity: Mapping[str, Capacity] = field(default_factory=dict)
 
     def opted_in(self) -> set[str]:
         return {ns for ns, labels in self.namespaces.items() if namespace_opted_in(labels)}

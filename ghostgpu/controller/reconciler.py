@@ -89,6 +89,7 @@ class Reconciler:
         self.books = Books(
             cfg, cluster=cluster, metrics=metrics, decision_log=decision_log, actuators=self.actuators,
             records=self.records, nudge_nodes=cfg.kueue_nudge if nudge_nodes is None else nudge_nodes,
+            states=self.observer.states,
         )  # fmt: skip
         self.poll_count = 0
         self.last_poll_end: float | None = None

@@ -10,7 +10,10 @@ HTTP API (127.0.0.1 only):
   GET  /metrics            the exposition Prometheus scrapes
   GET  /agent/metrics      the node agent's series (503 while the agent target is down)
   POST /set    {"namespace", "pod", "container", "node", "gpu": 0, "model": "...",
-                "values": {"DCGM_FI_DEV_GPU_UTIL": 0, ...}}   upsert one GPU's series
+                "values": {"DCGM_FI_DEV_GPU_UTIL": 0, ...},
+                "dra": null | {"claim", "claim_namespace", "driver", "pool", "device",
+                               "mig_profile", "mig_device_uuid"}}
+                                                               upsert one GPU's series
   POST /agent  {"namespace", "pod", "uid", "container", "roles": {"work": 1, ...},
                 "programs": [...], "scan_timestamp": null | unix time, "unseen": null | reason}
                                                                upsert one container's agent series
@@ -19,6 +22,22 @@ HTTP API (127.0.0.1 only):
   POST /agent/down {"down": true}                              the agent target fails its scrapes
   POST /remove {"namespace", "pod"}                            drop every series of that pod
   POST /clear                                                  drop everything
+
+A GPU allocated through DRA: give `dra` (FakeDcgmClient.set(..., dra=DraLabels(claim=..., pool=...,
+device=...))) and its series carry the labels dcgm-exporter >= 4.3.1-4.4.0 with
+`--kubernetes-enable-dra` adds (internal/pkg/transformation/kubernetes.go): `dra_claim_name`,
+`dra_claim_namespace` (defaults to the pod's namespace), `dra_driver_name` (defaults to
+`gpu.nvidia.com`, the only driver dcgm-exporter maps), `dra_pool_name`, `dra_device_name`, and for a
+MIG device `dra_mig_profile` and `dra_mig_device_uuid` (both given, or neither). dcgm-exporter prints
+a series' pod attributes in sorted order after its fixed labels, so they come out as container,
+dra_claim_name, dra_claim_namespace, dra_device_name, dra_driver_name, [dra_mig_device_uuid,
+dra_mig_profile,] dra_pool_name, namespace, pod; a DRA series has no pod_uid. Like dcgm-exporter,
+one series per GPU and container: a device two containers name is two calls, one per container,
+with the same `gpu` and `dra`. A later /set of that GPU without `dra` keeps its DRA labels (to
+change them, /remove the pod first). A MIG device's series is its parent GPU's (dcgm-exporter
+labels the parent GPU's series with the MIG device), so give the parent's `gpu`. (The fake's fixed
+labels are those listed above; dcgm-exporter also prints pci_bus_id, which no query here reads.)
+
 Run: python -m ghostgpu.devcluster.fake_dcgm --port N
 """
 
@@ -33,7 +52,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import ClassVar
 
 import httpx
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 METRICS: dict[str, tuple[str, str]] = {
     # name: (type, help) as dcgm-exporter's default counters file declares them
@@ -41,6 +60,42 @@ METRICS: dict[str, tuple[str, str]] = {
     "DCGM_FI_DEV_FB_USED": ("gauge", "Framebuffer memory used (in MiB)."),
     "DCGM_FI_DEV_XID_ERRORS": ("gauge", "Value of the last XID error encountered."),
 }
+
+
+class DraLabels(BaseModel):
+    """A DRA device's labels on its GPU series, as dcgm-exporter sets them (see the module)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    claim: str
+    claim_namespace: str | None = None  # None: the pod's namespace
+    driver: str = "gpu.nvidia.com"
+    pool: str
+    device: str
+    mig_profile: str | None = None
+    mig_device_uuid: str | None = None
+
+    @model_validator(mode="after")
+    def _mig_both_or_neither(self) -> DraLabels:
+        if (self.mig_profile is None) != (self.mig_device_uuid is None):
+            raise ValueError("dra: give mig_profile and mig_device_uuid together (a MIG device) or neither")
+        return self
+
+    def pairs(self, namespace: str) -> list[tuple[str, str]]:
+        """Its labels in dcgm-exporter's (sorted) order, without container/namespace/pod."""
+        mig = (
+            [("dra_mig_device_uuid", self.mig_device_uuid), ("dra_mig_profile", self.mig_profile)]
+            if self.mig_profile is not None and self.mig_device_uuid is not None
+            else []
+        )
+        return [
+            ("dra_claim_name", self.claim),
+            ("dra_claim_namespace", self.claim_namespace or namespace),
+            ("dra_device_name", self.device),
+            ("dra_driver_name", self.driver),
+            *mig,
+            ("dra_pool_name", self.pool),
+        ]
 
 
 class GpuSample(BaseModel):
@@ -51,6 +106,7 @@ class GpuSample(BaseModel):
     gpu: int = Field(default=0, ge=0)
     model: str = "NVIDIA H100 80GB HBM3"
     values: dict[str, float] = Field(default_factory=dict)
+    dra: DraLabels | None = None  # a GPU allocated through DRA (see the module)
 
     def key(self) -> tuple[str, str, str, int]:
         return (self.namespace, self.pod, self.container, self.gpu)
@@ -66,6 +122,7 @@ class GpuSample(BaseModel):
             ("modelName", self.model),
             ("Hostname", self.node),
             ("container", self.container),
+            *(self.dra.pairs(self.namespace) if self.dra is not None else []),
             ("namespace", self.namespace),
             ("pod", self.pod),
         ]
@@ -148,7 +205,9 @@ class Store:
             # an empty framebuffer unless the caller says otherwise.
             base = old.values if old else {"DCGM_FI_DEV_FB_USED": 0.0}
             merged = {**base, **s.values}
-            self._samples[s.key()] = s.model_copy(update={"values": merged})
+            # A GPU stays a DRA device across updates that do not name `dra` (set only the values).
+            dra = s.dra if s.dra is not None or old is None else old.dra
+            self._samples[s.key()] = s.model_copy(update={"values": merged, "dra": dra})
 
     def set_agent(self, c: AgentContainer) -> None:
         unknown = set(c.roles) - set(AGENT_ROLES)
@@ -272,7 +331,9 @@ class FakeDcgmClient:
         container: str = "main",
         node: str = "gpu-h100-0",
         gpu: int = 0,
+        dra: DraLabels | None = None,
     ) -> None:
+        """Upsert one GPU's series of `pod`; `dra`: the GPU is a DRA device of one of its claims."""
         values = {
             k: v
             for k, v in (
@@ -282,7 +343,15 @@ class FakeDcgmClient:
             )
             if v is not None
         }
-        body = {"namespace": namespace, "pod": pod, "container": container, "node": node, "gpu": gpu}
+        body: dict[str, object] = {
+            "namespace": namespace,
+            "pod": pod,
+            "container": container,
+            "node": node,
+            "gpu": gpu,
+        }
+        if dra is not None:
+            body["dra"] = dra.model_dump()
         r = httpx.post(f"{self.url}/set", json={**body, "values": values}, timeout=5)
         r.raise_for_status()
 

@@ -13,6 +13,9 @@ adds with `label_replace`, so a single HTTP round trip carries:
   proc, prog, scan, unseen
         the node agent's series of the containers of those same pods, when processes come from
         the agent (signals/agent.py): the processes signal rides in the same request
+  dev   with DRA flavors (`QuerySpec.dra_devices`), one series per DRA device of a pod at or
+        under the zero threshold: its dcgm-exporter labels dra_driver_name, dra_pool_name,
+        dra_device_name (`--kubernetes-enable-dra`; the series also carry pod/namespace/container)
 
 Prometheus does the filtering so the answer has about one series per pod, not three: at 50,000
 pods, three series per pod were ~150,000 JSON objects to parse on every poll, most of the
@@ -21,7 +24,11 @@ controller's peak memory.
 Failure rules (never a silent zero): the query failing as a whole fails every pod; a pod with a
 `ts` series is STALE (its age is in the detail); a pod with neither `util` nor `ts` is MISSING; a
 pod with a `util` reading at or under the zero threshold but no `fb` series has a MISSING memory
-reading (its utilization stands).
+reading (its utilization stands). A DRA pod at or under the zero threshold that lacks a `dev`
+series of one of its claims' GPU devices (the controller knows them: claims.py) is MISSING,
+naming the device: a GPU without a series is a failed signal, never an idle one. Over the zero
+threshold the check is not needed (the reading is the max over its GPUs: a GPU without a series
+cannot make it idle) and not asked for, so a busy DRA fleet adds no series to the answer.
 """
 
 from __future__ import annotations
@@ -32,9 +39,18 @@ from dataclasses import dataclass, field
 from string import Template
 from typing import Any, NamedTuple
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from ghostgpu.signals.agent import AGENT_FIELDS, AgentAnswer, AgentSeries, query_parts
+from ghostgpu.signals.dra import (
+    DCGM_DRA_LABELS,
+    DEVICE_FIELD,
+    DeviceId,
+    DraDevice,
+    device_part,
+    no_series,
+    without_series,
+)
 from ghostgpu.signals.prometheus import (
     PrometheusClient,
     PrometheusError,
@@ -85,6 +101,10 @@ class QuerySpec(BaseModel):
     zero_threshold: float = Field(0.0, ge=0)
     # The node agent's series for the pods at or under the zero threshold (processSource: agent).
     agent_processes: bool = False
+    # DRA flavors: each DRA GPU of a pod at or under the zero threshold must have its series,
+    # matched by dcgm-exporter's device labels (driver, pool, device).
+    dra_devices: bool = False
+    dra_labels: tuple[str, str, str] = DCGM_DRA_LABELS
 
     @classmethod
     def from_preset(
@@ -94,6 +114,7 @@ class QuerySpec(BaseModel):
         max_sample_age: float,
         zero_threshold: float = 0.0,
         agent_processes: bool = False,
+        dra_devices: bool = False,
     ) -> QuerySpec:
         """From `ghostgpu.config.MetricsPreset` (duck-typed: signals do not import the config)."""
         return cls(
@@ -110,7 +131,16 @@ class QuerySpec(BaseModel):
             max_sample_age=max_sample_age,
             zero_threshold=zero_threshold,
             agent_processes=agent_processes,
+            dra_devices=dra_devices,
         )
+
+    @field_validator("dra_labels")
+    @classmethod
+    def _label_names(cls, v: tuple[str, str, str]) -> tuple[str, str, str]:
+        bad = [n for n in v if not _PROM_LABEL.match(n)]
+        if bad:
+            raise ValueError(f"not Prometheus label names: {bad}")
+        return v
 
 
 class PodKey(NamedTuple):
@@ -194,6 +224,8 @@ def build_query(spec: QuerySpec, pods: Iterable[PodKey]) -> str:
             f"label_replace(max by ({by}, {spec.gpu_label}) ({spec.xid_metric}{sel} > 0), "
             f'"{FIELD_LABEL}", "xid", "", "")'
         )
+    if spec.dra_devices:
+        parts.append(device_part(spec.metric, sel, by, zero, spec.dra_labels, FIELD_LABEL))
     if spec.agent_processes:
         parts += query_parts(
             variables["namespaces"],
@@ -230,10 +262,13 @@ def readings_from_samples(
     eval_time: float,
     samples: Sequence[VectorSample],
     agent: AgentAnswer | None = None,
+    devices: Mapping[PodKey, Sequence[DraDevice]] | None = None,
 ) -> dict[PodKey, PodReading]:
     """Turn the query's series into one reading per requested pod (pure; tested without HTTP);
-    the node agent's series go into `agent`."""
-    return _readings(spec, pods, eval_time, ((s.timestamp, s.labels, s.value) for s in samples), agent)
+    the node agent's series go into `agent`; `devices` are the DRA GPUs each pod must have a
+    series of (PodView.dra_devices)."""
+    series = ((s.timestamp, s.labels, s.value) for s in samples)
+    return _readings(spec, pods, eval_time, series, agent, devices)
 
 
 def _readings(
@@ -242,6 +277,7 @@ def _readings(
     default_eval_time: float,
     series: Iterable[tuple[float, Mapping[str, str], float]],
     agent: AgentAnswer | None = None,
+    devices: Mapping[PodKey, Sequence[DraDevice]] | None = None,
 ) -> dict[PodKey, PodReading]:
     """(evaluation time, labels, value) series -> one reading per pod. The query selects whole
     namespaces, so series of pods not asked for are skipped here. The node agent's series are
@@ -252,6 +288,8 @@ def _readings(
     stamp: dict[tuple[str, str], float] = {}
     xids: dict[tuple[str, str], list[XidEvent]] = {}
     fb: dict[tuple[str, str], float] = {}
+    seen: dict[tuple[str, str], set[DeviceId]] = {}  # DRA devices with a series
+    drv_label, pool_label, dev_label = spec.dra_labels
     ns_label, pod_label = spec.namespace_label, spec.pod_label
     eval_time = default_eval_time
     for ts, labels, value in series:
@@ -264,6 +302,9 @@ def _readings(
             stamp[key] = value
         elif kind == "fb":
             fb[key] = value
+        elif kind == DEVICE_FIELD:
+            device = (labels.get(drv_label, ""), labels.get(pool_label, ""), labels.get(dev_label, ""))
+            seen.setdefault(key, set()).add(device)
         elif kind == "xid" and value > 0:
             if key not in wanted:
                 # An XID template may use the exporter's own namespace/pod labels (HAMi preset).
@@ -278,6 +319,8 @@ def _readings(
     oldest = eval_time - spec.max_sample_age
     zero = spec.zero_threshold
     busy: dict[float, PodReading] = {}
+    # Only a query that asked for the `dev` series can tell a device without one.
+    expected = devices if spec.dra_devices and devices else {}
     for key in pods:
         ev = xids.get(key)
         events = tuple(sorted(ev, key=_xid_order)) if ev else ()
@@ -297,6 +340,8 @@ def _readings(
             out[key] = PodReading(
                 SignalFailure(reason=FailureReason.PARSE_ERROR, detail="negative reading"), events
             )
+        elif u <= zero and key in expected and (gap := without_series(expected[key], seen.get(key))):
+            out[key] = PodReading(no_series(spec.metric, key[0], gap), events)
         elif collect_fb and u <= zero:
             out[key] = PodReading(u, events, _memory(fb.get(key)))
         elif events:
@@ -341,14 +386,25 @@ class UtilizationSource:
         # Where this poll's node agent series go (spec.agent_processes): the process source reads them.
         self.agent = agent
 
-    async def poll(self, pods: Iterable[PodKey], *, now: float) -> dict[PodKey, PodReading]:
+    async def poll(
+        self,
+        pods: Iterable[PodKey],
+        *,
+        now: float,
+        devices: Mapping[PodKey, Sequence[DraDevice]] | None = None,
+    ) -> dict[PodKey, PodReading]:
+        """`devices`: each DRA pod's GPU devices, each of which must have its series."""
         answer = AgentAnswer(eval_time=now)
         if self.agent is not None:
             self.agent.answer = answer  # replaced every poll: last poll's series are never read again
-        return await self._poll(pods, now, answer if self.agent is not None else None)
+        return await self._poll(pods, now, answer if self.agent is not None else None, devices)
 
     async def _poll(
-        self, pods: Iterable[PodKey], now: float, agent: AgentAnswer | None
+        self,
+        pods: Iterable[PodKey],
+        now: float,
+        agent: AgentAnswer | None,
+        devices: Mapping[PodKey, Sequence[DraDevice]] | None = None,
     ) -> dict[PodKey, PodReading]:
         pods = list(dict.fromkeys(pods))
         if not pods:
@@ -367,7 +423,7 @@ class UtilizationSource:
         try:
             content = await self.client.query_content(build_query(self.spec, valid), at=now)
             # An empty result carries no evaluation time; we asked for `now`, so that is it.
-            readings = _readings(self.spec, valid, now, iter_answer(content), agent)
+            readings = _readings(self.spec, valid, now, iter_answer(content), agent, devices)
         except PrometheusError as exc:
             if agent is not None:
                 agent.failure = exc.failure

@@ -136,6 +136,19 @@ def test_which_pods_and_containers_are_reported(node: FakeProc) -> None:
     }
 
 
+def test_a_container_naming_a_dra_claim_is_a_gpu_container(node: FakeProc) -> None:
+    # The agent reads pods only: a claim's device class is not known to it, so a container that
+    # names any claim is reported; one that names none (a sidecar) is not.
+    node.add(100, ppid=10, nspid=(100, 1), cgroup=cg(1, cid(1)), argv=["python3", "train.py"])
+    node.add(101, ppid=10, nspid=(101, 1), cgroup=cg(1, cid(2)), argv=["sleep", "infinity"])
+    dra = pod("dra", 1, {"trainer": {"id": cid(1)}, "side": {"id": cid(2)}})
+    dra["spec"]["resourceClaims"] = [{"name": "gpu", "resourceClaimTemplateName": "one-gpu"}]
+    dra["spec"]["containers"][0]["resources"] = {"claims": [{"name": "gpu"}]}
+    got = scan_node([dra], node.root, POLICY, IS_GPU, now=0)
+    assert list(got.containers) == [key("dra", 1, "trainer")]
+    assert isinstance(got.containers[key("dra", 1, "trainer")], Seen)
+
+
 def test_a_shared_pid_namespace_is_listed_whole_in_each_gpu_container(node: FakeProc) -> None:
     sandbox = cid(99)
     node.add(400, ppid=10, nspid=(400, 1), cgroup=cg(1, sandbox), comm="pause", argv=["/pause"])

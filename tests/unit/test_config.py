@@ -105,7 +105,8 @@ def test_batched_query_covers_every_tracked_pod_once() -> None:
     preset = load_default_config().controller.metrics.dcgm
     pods = [("ns-b", "trainer-1"), ("ns-a", "nb.0"), ("ns-a", "trainer-1")]
     query = preset.render_query("framebuffer", pods)
-    assert query.startswith("sum by (namespace, pod) (DCGM_FI_DEV_FB_USED{")
+    # a GPU two containers name (a DRA device) is two series, counted once
+    assert query.startswith("sum by (namespace, pod) (max without (container) (DCGM_FI_DEV_FB_USED{")
     assert 'namespace=~"ns-a|ns-b"' in query
     # '.' would match any character in the regex; it is escaped (doubled for the PromQL string).
     assert 'pod=~"nb\\\\.0|trainer-1"' in query

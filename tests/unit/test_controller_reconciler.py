@@ -208,7 +208,9 @@ class ScriptedUtilization:
         self.memory: dict[str, int | SignalFailure] = {}  # framebuffer bytes; default 0 (no context)
         self.queries: list[list[PodKey]] = []
 
-    async def poll(self, pods: Iterable[PodKey], *, now: float) -> dict[PodKey, PodReading]:
+    async def poll(
+        self, pods: Iterable[PodKey], *, now: float, devices: object = None
+    ) -> dict[PodKey, PodReading]:
         pods = list(pods)
         self.queries.append(pods)
         out = {}
@@ -262,7 +264,7 @@ class Harness:
         self.rec = self.reconciler()
 
     def reconciler(self) -> Reconciler:
-        async def escalate(decision: Any, wl: Any) -> None:
+        async def escalate(decision: Any, wl: Any, pods: Any = ()) -> None:
             self.escalations.append(wl.ref.name)
 
         return Reconciler(

@@ -255,7 +255,7 @@ def test_a_team_with_device_plugin_and_dra_gpus_has_both_in_its_books() -> None:
     assert (plugin.truly_free, plugin.kueue_believes_free, plugin.gap) == (5, 6, 1)
     assert plugin.as_dict()["gap"] == 1 and "gpusUnknownPods" not in plugin.as_dict()
     # DRA: 4 devices of the claim held outside Kueue, Kueue admitted 3 of 8 and believes 5 free;
-    # the capacity is in ResourceSlices, which are not read: free and gap unknown, not made up
+    # no ResourceSlices given (test_dra_capacity.py counts them): free and gap unknown, not made up
     assert (dra.in_use, dra.held_outside_kueue, dra.kueue_nominal, dra.kueue_admitted) == (4, 4, 8, 3)
     assert dra.kueue_believes_free == 5 and dra.as_dict()["gap"] is None
     assert mig.in_use == 0

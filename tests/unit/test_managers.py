@@ -507,7 +507,9 @@ FINISHED = (
 
 
 class Idle:
-    async def poll(self, pods: Iterable[PodKey], *, now: float) -> dict[PodKey, PodReading]:
+    async def poll(
+        self, pods: Iterable[PodKey], *, now: float, devices: object = None
+    ) -> dict[PodKey, PodReading]:
         return {p: PodReading(0.0, (), 0) for p in pods}
 
 
@@ -521,7 +523,7 @@ def reconciler(tmp: Path, api: FakeApi, escalations: list[str]) -> Reconciler:
         {"mode": "enforce", "window": 3, "longWindow": 6, "startupGrace": "10m", "autonomy": {"tau": 0.5}}
     )
 
-    async def escalate(decision: Any, wl: Any) -> None:
+    async def escalate(decision: Any, wl: Any, pods: Any = ()) -> None:
         escalations.append(str(wl.ref))
 
     return Reconciler(

@@ -225,6 +225,24 @@ def test_it_runs_on_the_gpu_nodes_of_every_flavor_with_their_tolerations() -> No
     assert "affinity" not in spec and "tolerations" not in spec
 
 
+def test_it_runs_on_the_dra_flavors_nodes_too() -> None:
+    dra = load_config_text(
+        BASE.replace(
+            "teams:",
+            "  - name: h100-dra\n    deviceClass: gpu.nvidia.com\n    nodeLabels: {gpu-driver: dra}\n"
+            "    tolerations: [{key: dra-only, operator: Exists, effect: NoSchedule}]\nteams:",
+        ).replace("quota: {h100: 4, mig: 7}", "quota: {h100: 4, mig: 7, h100-dra: 2}")
+        + "controller: {processSource: agent}\n"
+    )
+    spec, _ = _pod(dra)
+    terms = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+        "nodeSelectorTerms"
+    ]
+    assert {"matchExpressions": [{"key": "gpu-driver", "operator": "In", "values": ["dra"]}]} in terms
+    assert len(terms) == 3
+    assert {"key": "dra-only", "operator": "Exists", "effect": "NoSchedule"} in spec["tolerations"]
+
+
 def test_its_metrics_are_scraped_with_the_tracked_pods_labels_kept() -> None:
     objs = objects(cfg())
     svc, monitor = one(objs, "Service"), one(objs, "ServiceMonitor")

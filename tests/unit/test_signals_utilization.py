@@ -123,7 +123,8 @@ def test_query_is_one_expression_that_does_not_grow_with_the_pods() -> None:
     # util, ts, fb (framebuffer in bytes: dcgm-exporter reports MiB) and xid in one expression
     assert q.count(" or ") == 3
     assert "timestamp(DCGM_FI_DEV_GPU_UTIL{" in q
-    assert "(sum by (namespace, pod) (DCGM_FI_DEV_FB_USED{" in q and ") * 1048576" in q
+    assert "(sum by (namespace, pod) (max without (container) (DCGM_FI_DEV_FB_USED{" in q
+    assert ") * 1048576" in q
     assert ") * 1048576) and on(namespace, pod) ((max by (namespace, pod) (DCGM_FI_DEV_GPU_UTIL{" in q
     assert ")) <= 0)" in q
     assert '"ghostgpu_field", "fb"' in q

@@ -153,6 +153,14 @@ class Actor:
             + ", ".join(r.value for r in verdict.reasons),
             type_="Warning" if verdict.kind in RECLAIMABLE_KINDS else "Normal",
         )
+        if p.action == "shared-claim":
+            await self.cluster.event(
+                wl.raw,
+                reason="ReclaimHeld",
+                message=f"{verdict.kind.value}, not reclaimed: {p.note}",
+                type_="Warning",
+            )
+            return "shared-claim"
         if p.action != "would-reclaim":
             return "recorded"
         self.metrics.would_reclaims.labels(ref.namespace, verdict.kind.value).inc()
@@ -244,7 +252,7 @@ class Actor:
             type_="Warning",
         )
         if self.escalate is not None:
-            await self.escalate(p.decision, wl)
+            await self.escalate(p.decision, wl, pods)
         return "escalated"
 
 

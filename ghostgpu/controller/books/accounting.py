@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ghostgpu.controller.inventory import PodView
+from ghostgpu.controller.slices import Capacity
 from ghostgpu.quantity import Quantity
 
 
@@ -44,14 +45,26 @@ class FlavorAccount:
     # Kueue, and what placeholder Workloads Kueue admitted (part of kueue_admitted).
     reservation_desired: float = 0.0
     reserved_outside: float = 0.0
-    # A DRA flavor: its devices are published in ResourceSlices, which the controller does not
-    # read, so its allocatable (and what is truly free, and the gap) is unknown, never 0.
+    # A DRA flavor: its allocatable is the devices its class selects in its nodes' ResourceSlices
+    # (slices.py); when they cannot be counted for sure, `capacity_unknown` says why and the
+    # allocatable, what is truly free and the gap are unknown, never 0.
     dra: bool = False
+    capacity_unknown: str = ""
     gpus_unknown_pods: int = 0  # pods on its nodes whose ResourceClaims are not known yet
 
     @property
     def held_outside_kueue(self) -> float:
         return sum(self.outside_kueue.values())
+
+    @property
+    def allocatable_known(self) -> bool:
+        return not self.capacity_unknown
+
+    @property
+    def free_known(self) -> bool:
+        """Truly free (and the gap) are known: the capacity is, and so is every pod's use of it (a
+        pod whose claims are not known yet may hold devices of it)."""
+        return self.allocatable_known and not self.gpus_unknown_pods
 
     @property
     def truly_free(self) -> float:
@@ -67,10 +80,18 @@ class FlavorAccount:
         return max(0.0, self.kueue_believes_free - self.truly_free)
 
     def as_dict(self) -> dict[str, Any]:
-        if self.dra:
-            unknown = {"allocatable": None, "trulyFree": None, "gap": None}
-            return {**self._as_dict(), **unknown, "gpusUnknownPods": self.gpus_unknown_pods}
-        return self._as_dict()
+        if not self.dra:
+            return self._as_dict()
+        out = {
+            **self._as_dict(),
+            "gpusUnknownPods": self.gpus_unknown_pods,
+            "capacityUnknown": self.capacity_unknown or None,
+        }
+        if not self.allocatable_known:
+            out["allocatable"] = None
+        if not self.free_known:
+            out["trulyFree"] = out["gap"] = None
+        return out
 
     def _as_dict(self) -> dict[str, Any]:
         return {
@@ -110,11 +131,20 @@ def node_flavors_of(node: Mapping[str, Any], flavors: Sequence[FlavorSpec]) -> l
     ]
 
 
-def node_flavor(node: Mapping[str, Any], flavors: Sequence[FlavorSpec]) -> FlavorSpec | None:
-    """The first matching flavor (labels the ghost-GPU metric); a device-plugin flavor first, so a
-    DRA flavor (matched by node labels alone) never relabels a device-plugin node."""
+def node_labels_for_books(node: Mapping[str, Any], flavors: Sequence[FlavorSpec]) -> dict[str, Any]:
+    """What the books label a node's GPUs with (books.Books.accrue): `_flavor`, the node's flavor
+    (a device-plugin flavor first, so a DRA flavor, matched by node labels alone, never relabels a
+    device-plugin node), and on a node of a DRA flavor `_flavors`, the flavor of each gpu_requests key
+    (device-plugin resource or device class: the first matching flavor of it), so that a node
+    serving gpu.nvidia.com and mig.nvidia.com flavors labels each device with its own flavor."""
     matching = sorted(node_flavors_of(node, flavors), key=lambda f: f.device_class is not None)
-    return matching[0] if matching else None
+    out: dict[str, Any] = {"_flavor": matching[0].name if matching else "unknown"}
+    if any(f.device_class is not None for f in matching):
+        by_key: dict[str, str] = {}
+        for f in matching:
+            by_key.setdefault(f.key, f.name)
+        out["_flavors"] = by_key
+    return out
 
 
 def account(
@@ -123,10 +153,20 @@ def account(
     pods: Iterable[PodView],
     cluster_queues: Iterable[Mapping[str, Any]],
     outside_kueue: Mapping[tuple[str, str], str],
+    dra_capacity: Mapping[str, Capacity] | None = None,
 ) -> list[FlavorAccount]:
     """`outside_kueue` maps (namespace, pod) of every tracked workload's pod to its verdict
-    bucket (ACTIVE, FINISHED_IDLE, ..., or PENDING / EXEMPT for pods not judged)."""
+    bucket (ACTIVE, FINISHED_IDLE, ..., or PENDING / EXEMPT for pods not judged).
+    `dra_capacity`: each DRA flavor's devices (slices.dra_capacity); a DRA flavor not in it has
+    an unknown capacity."""
     accounts = {f.name: FlavorAccount(f.name, f.resource, dra=f.device_class is not None) for f in flavors}
+    for f in flavors:
+        if f.device_class is not None:
+            cap = (dra_capacity or {}).get(f.name, Capacity(None, "ResourceSlices not read"))
+            if cap.devices is None:
+                accounts[f.name].capacity_unknown = cap.why or "unknown"
+            else:
+                accounts[f.name].allocatable = cap.devices
     # A node can back several flavors (a TAS and a plain flavor over the same GPUs): each flavor's
     # ledger counts it, as each ClusterQueue's books do.
     node_flavors: dict[str, list[FlavorSpec]] = {}

@@ -27,6 +27,7 @@ from ghostgpu.controller.judge.recorded import recorded, verdict_of
 from ghostgpu.controller.kube import Cluster
 from ghostgpu.controller.ledger import LedgerBook
 from ghostgpu.controller.metrics import ControllerMetrics
+from ghostgpu.controller.observe.evidence import WorkloadState
 from ghostgpu.controller.poll import RECLAIM_OUTCOMES, RECLAIMABLE_VALUES, Judged, PollResult, Snapshot
 
 log = logging.getLogger("ghostgpu.controller")
@@ -43,6 +44,7 @@ class Books:
         actuators: ActuatorTable,
         records: LedgerBook,
         nudge_nodes: bool,
+        states: Mapping[WorkloadRef, WorkloadState] | None = None,
     ) -> None:
         self.cfg = cfg
         self.cluster = cluster
@@ -51,6 +53,7 @@ class Books:
         self.actuators = actuators
         self.records = records
         self.nudge_nodes = nudge_nodes
+        self.states = states if states is not None else {}  # the observe room's memory
 
     async def keep(self, snap: Snapshot, result: PollResult, rows: Sequence[Row], *, poll: int) -> None:
         """The leader's books for one poll."""
@@ -71,30 +74,48 @@ class Books:
         flavors_by_node = {
             (n.get("metadata") or {}).get("name", ""): n.get("_flavor", "unknown") for n in snap.nodes
         }
+        # Nodes of DRA flavors: each key of a pod's gpu_requests under its own flavor (accounting).
+        keyed = {
+            (n.get("metadata") or {}).get("name", ""): n["_flavors"] for n in snap.nodes if "_flavors" in n
+        }
+
+        def by_flavor(pod: PodView) -> list[tuple[str, float]]:
+            node = pod.node_name or ""
+            flavor = flavors_by_node.get(node, "unknown")
+            by_key = keyed.get(node) if keyed else None
+            if by_key is None:
+                return [(flavor, sum(pod.gpu_requests.values()))]
+            return [(by_key.get(key, flavor), n) for key, n in pod.gpu_requests.items()]
+
         ghosts: Counter[tuple[str, str, str]] = Counter()
         for ref, j in result.judged.items():
             reclaimable = j.kind in RECLAIMABLE_VALUES
             for pod in j.pods:
-                flavor = flavors_by_node.get(pod.node_name or "", "unknown")
-                gpus = sum(pod.gpu_requests.values())
-                ghosts[(ref.namespace, flavor, j.kind)] += gpus
-                if reclaimable:
-                    self.metrics.gpu_hours_reclaimable.labels(ref.namespace, flavor).inc(gpus * hours)
+                for flavor, gpus in by_flavor(pod):
+                    ghosts[(ref.namespace, flavor, j.kind)] += gpus
+                    if reclaimable:
+                        self.metrics.gpu_hours_reclaimable.labels(ref.namespace, flavor).inc(gpus * hours)
         # GPUs no workload accounts for are held as surely: in the totals, never reclaimable.
         pods_of = result.pods_of if result.pods_of is not None else opted_in_pods_of(snap)
         untracked = untracked_holders(snap.pods, snap.namespaces, pods_of, snap.holder_of)
         for holder, pods in untracked.items():
             for pod in pods:
-                flavor = flavors_by_node.get(pod.node_name or "", "unknown")
-                ghosts[(holder.namespace, flavor, UNTRACKED_OWNER)] += sum(pod.gpu_requests.values())
+                for flavor, gpus in by_flavor(pod):
+                    ghosts[(holder.namespace, flavor, UNTRACKED_OWNER)] += gpus
         self.metrics.set_ghosts(ghosts)
         # The same GPUs by top owner kind (`ghostgpu status --by owner`): which kinds need a row.
         self.metrics.set_owner_kinds(by_owner_kind(snap, pods_of, untracked))
         for ref, wl in self.records.marked(snap.workloads):  # only these hold GPUs free
             pods = self.recovered_pods(wl)
             if pods:
-                gpus = sum(wl.gpus_per_pod.values()) * pods
+                gpus = self.gpus_per_pod(ref, wl) * pods
                 self.metrics.gpu_hours_recovered.labels(ref.namespace, "all").inc(gpus * hours)
+
+    def gpus_per_pod(self, ref: WorkloadRef, wl: Workload) -> float:
+        """What one of its pods holds: the device-plugin GPUs its template asks for, and the DRA
+        devices one of its pods held when last seen running (its template names no GPU)."""
+        st = self.states.get(ref)
+        return sum(wl.gpus_per_pod.values()) + (st.dra_gpus_per_pod if st is not None else 0.0)
 
     def recovered_pods(self, wl: Workload) -> int | None:
         """How many pods' GPUs a reclaim of `wl` holds free now (None: not reclaimed, or undone).
@@ -187,4 +208,4 @@ def accounting_from(
     for pods in untracked_holders(snap.pods, snap.namespaces, pods_of, snap.holder_of).values():
         for pod in pods:
             buckets[(pod.namespace, pod.name)] = UNTRACKED_OWNER
-    return account(flavors, snap.nodes, snap.pods, cluster_queues, buckets)
+    return account(flavors, snap.nodes, snap.pods, cluster_queues, buckets, snap.dra_capacity)

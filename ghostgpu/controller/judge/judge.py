@@ -16,7 +16,7 @@ from typing import NamedTuple
 from ghostgpu.autonomy import AutonomyConfig
 from ghostgpu.config import ControllerConfig
 from ghostgpu.controller import keys
-from ghostgpu.controller.inventory import PodView, Workload, WorkloadRef
+from ghostgpu.controller.inventory import PodView, Workload, WorkloadRef, dra_gpus_of
 from ghostgpu.controller.judge import planner
 from ghostgpu.controller.judge.planner import Plan
 from ghostgpu.controller.judge.recorded import reasons_changed, recorded, verdict_of
@@ -26,7 +26,7 @@ from ghostgpu.controller.poll import Judged, PollResult, Snapshot
 from ghostgpu.verdict import Evidence, Verdict, decide, window_verdict_from_runs
 
 # Plans that do nothing beyond recording the verdict (see planner.ActionKind).
-NO_ACTION = frozenset({"none", "would-reclaim", "disabled"})
+NO_ACTION = frozenset({"none", "would-reclaim", "disabled", "shared-claim"})
 
 # What the act room does for one workload: apply()'s arguments.
 Apply = tuple[Workload, list[PodView], WorkloadState, Verdict, Evidence, Plan]
@@ -106,11 +106,29 @@ class Judge:
                 # An owner with no actuator carries no verdict annotation (nothing is written to it):
                 # its previous verdict is this process's memory, so its Events follow verdict changes.
                 previous = st.last_verdict if wl.no_actuator else verdict_of(on)
-                p = planner.plan(wl, verdict, previous, self.cfg, team=team, autonomy=self.autonomy)
+                # A GPU claim another pod also uses: stopping this workload frees nothing (checked
+                # only for a reclaimable verdict; most pods have no claim peers at all).
+                shared = (
+                    planner.shared_claim(pods, (result.pods_of or {}).get(ref, ()))
+                    if verdict.reclaimable
+                    else None
+                )
+                # A DRA workload's GPUs are its pods' devices: its template names none (inventory).
+                dra = dra_gpus_of(pods)
+                p = planner.plan(
+                    wl,
+                    verdict,
+                    previous,
+                    self.cfg,
+                    team=team,
+                    autonomy=self.autonomy,
+                    shared=shared,
+                    dra_gpus=dra,
+                )
                 # An owner with no actuator gets no reasons-only update: nothing is written to it.
                 changed = not wl.no_actuator and reasons_changed(on, verdict)
                 kind = verdict.kind.value
-                gpus = sum(wl.gpus_per_pod.values()) * len(pods)
+                gpus = sum(wl.gpus_per_pod.values()) * len(pods) + dra
                 if evidence is None and len(pods) == 1 and not wl.no_actuator:
                     settled[ref] = SettledPlan(wl, pods[0], verdict, team, p, changed, kind, gpus)
                 elif memo is not None:

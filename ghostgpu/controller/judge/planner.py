@@ -5,6 +5,7 @@ and the per-verdict switch of the config; nothing here ever plans a delete.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -20,12 +21,14 @@ from ghostgpu.autonomy import (
     decide_action,
 )
 from ghostgpu.config import ControllerConfig
-from ghostgpu.controller.inventory import Workload
+from ghostgpu.controller.inventory import PodView, Workload
 from ghostgpu.verdict import RECLAIMABLE_KINDS, Reason, Verdict, VerdictKind
 
 PLAIN_ACTIVE = (Reason.UTILIZATION_NONZERO,)
 
-ActionKind = Literal["none", "would-reclaim", "scale-to-zero", "evict", "escalate", "disabled"]
+ActionKind = Literal[
+    "none", "would-reclaim", "scale-to-zero", "evict", "escalate", "disabled", "shared-claim"
+]
 
 
 @dataclass(frozen=True)
@@ -34,6 +37,26 @@ class Plan:
     action: ActionKind
     decision: Decision | None = None
     note: str = ""
+
+
+def shared_claim(pods: Sequence[PodView], own: Iterable[PodView]) -> str | None:
+    """Why stopping these pods frees no GPU: a ResourceClaim of theirs that holds GPU devices is also
+    used by a pod that is not the workload's (`status.reservedFor`, claims.py `ClaimPeer`; the
+    claim controller drops a pod from it once the pod is done). None when no such pod."""
+    mine = {p.uid for p in own} | {p.uid for p in pods}
+    others = sorted(
+        {
+            (p.namespace, peer.claim, peer.pod_name or peer.pod_uid)
+            for p in pods
+            for peer in p.claim_peers
+            if peer.pod_uid not in mine
+        }
+    )
+    if not others:
+        return None
+    ns, claim, pod = others[0]
+    more = f" (and {len(others) - 1} more)" if len(others) > 1 else ""
+    return f"shared-claim: gpu claim {ns}/{claim} is also used by pod {pod}{more}"
 
 
 def action_class(workload: Workload) -> ActionClass:
@@ -64,13 +87,15 @@ def manifest_lines(workload: Workload) -> int:
     return len(yaml.safe_dump(obj, sort_keys=True).splitlines())
 
 
-def facts_for(workload: Workload, team: str | None) -> WorkloadFacts:
+def facts_for(workload: Workload, team: str | None, dra_gpus: float = 0.0) -> WorkloadFacts:
+    """`dra_gpus`: the DRA devices its pods hold (inventory.dra_gpus_of): its template names
+    ResourceClaimTemplates, not GPUs, so they are counted from its pods' claims."""
     gpus_per_pod = sum(workload.gpus_per_pod.values())
     return WorkloadFacts(
         kind=workload.ref.kind,
         name=workload.ref.name,
         namespace=workload.ref.namespace,
-        gpus=gpus_per_pod * workload.replicas,
+        gpus=gpus_per_pod * workload.replicas + dra_gpus,
         replicas=workload.replicas,
         volumes=workload.volumes,
         manifest_lines=manifest_lines(workload),
@@ -92,7 +117,12 @@ def plan(
     *,
     team: str | None = None,
     autonomy: AutonomyConfig | None = None,
+    shared: str | None = None,
+    dra_gpus: float = 0.0,
 ) -> Plan:
+    """`shared`: the `shared_claim` reason of the workload's pods; a reclaimable verdict is then
+    held, in every mode (a shadow "would reclaim" would not be true either). `dra_gpus`: the DRA
+    devices the workload's pods hold (facts_for)."""
     # A first verdict of plain ACTIVE (utilization non-zero, nothing else to say) is not recorded:
     # it would change nothing anyone acts on (the controller keeps its verdicts in memory; no
     # annotation still reads as "no finding"), and at fleet scale it was nearly all of a controller
@@ -105,13 +135,15 @@ def plan(
         return Plan(record, "none")
     if workload.exempt:  # belt and braces: exempt workloads are filtered before judging
         return Plan(record, "none", note="exempt")
+    if shared:
+        return Plan(record, "shared-claim", note=shared)
     if cfg.mode == "shadow":
         return Plan(record, "would-reclaim", note="shadow mode: nothing touched")
     if not cfg.actions.reclaim.allows(verdict.kind.value):
         return Plan(record, "disabled", note=f"actions.reclaim.{verdict.kind.value} is false")
     cls = action_class(workload)
     name, gate, _ = gate_for(workload, autonomy or cfg.autonomy, table_from(cfg.actuators))
-    decision = decide_action(verdict.kind.value, name, facts_for(workload, team), gate)
+    decision = decide_action(verdict.kind.value, name, facts_for(workload, team, dra_gpus), gate)
     if workload.no_actuator:
         # A controller owner ghostgpu cannot stop: writing its child would be undone by it.
         why = (

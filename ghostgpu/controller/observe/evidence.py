@@ -63,6 +63,10 @@ class WorkloadState:
     blocked_for: VerdictKind | None = None  # announce a PDB-blocked eviction once per verdict
     pod_uids: tuple[str, ...] = ()  # sorted; kept as is while the pods stay the same
     past_grace: bool = False  # these pods (pod_uids) are past the start-up grace
+    # The most DRA devices one of its running pods held when last seen (claims.py): after a reclaim
+    # its pods and their claims are gone, and the books count the GPU-hours the stop holds free
+    # from this. Memory only: a controller started after the reclaim does not know it.
+    dra_gpus_per_pod: float = 0.0
 
     @classmethod
     def new(cls, uid: str, cfg: ControllerConfig) -> WorkloadState:

@@ -179,6 +179,9 @@ class Observer:
                 # this poll (no sample, no verdict), never judged on GPUs it may hold.
                 result.states["gpus-unknown"] += 1
                 continue
+            dra = running[0].dra_gpus if len(running) == 1 else max(p.dra_gpus for p in running)
+            if dra != st.dra_gpus_per_pod:
+                st.dra_gpus_per_pod = dra
             if self._settling(ref, running, now):
                 result.states["reclaimed"] += 1  # the cache has not seen the scale-down yet
                 st.reset_window()
@@ -242,7 +245,14 @@ class Observer:
         self, eligible: Mapping[WorkloadRef, tuple[Workload, list[PodView], WorkloadState]], now: float
     ) -> tuple[dict[WorkloadRef, Listing | None], dict[PodKey, PodReading]]:
         keys_ = [PodKey(p.namespace, p.name) for _, pods, _ in eligible.values() for p in pods]
-        readings = await self.utilization.poll(keys_, now=now)
+        # DRA pods' GPU devices (claims.py): each must have its own series.
+        devices = {
+            PodKey(p.namespace, p.name): p.dra_devices
+            for _, pods, _ in eligible.values()
+            for p in pods
+            if p.dra_devices
+        }
+        readings = await self.utilization.poll(keys_, now=now, devices=devices)
         failed = self.metrics.signal_failures
         # Processes only once the window is all zero; artifacts from the first zero sample on, so
         # that the window's start has a measurement by the time the window is complete. One pass.
