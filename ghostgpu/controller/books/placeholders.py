@@ -77,10 +77,12 @@ async def reserve(
     rmetrics.set(report)
     fill_accounts(accounts, report.desired, report.admitted)
     if report.created or report.deleted or report.errors:
+        # Not `created`: a LogRecord attribute, which `extra` may not overwrite (the poll would fail).
         log.info(
             "reservations",
             extra={"mode": report.mode, "desired": [f"{r.namespace}/{r.name}" for r in report.desired],
-                   "created": report.created, "deleted": report.deleted, "errors": report.errors},
+                   "placeholdersCreated": report.created, "placeholdersDeleted": report.deleted,
+                   "errors": report.errors},
         )  # fmt: skip
 
 
