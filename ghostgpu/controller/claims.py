@@ -19,7 +19,9 @@ The rules:
 - a claim not allocated counts 0 (its pod is not scheduled yet);
 - a claim the cache has not seen, or a template whose claim is not generated yet for a scheduled
   pod, makes the pod's DRA GPUs *unknown* (`PodView.gpus_unknown`): such a pod's workload is not
-  judged that poll and the reservation changes nothing that poll (it never looks free).
+  judged that poll and the reservation changes nothing that poll (it never looks free);
+- a finished pod (Succeeded, Failed) holds none, whatever its claims: Kubernetes deletes the
+  claims generated for it while the pod stays, and that is no unknown.
 
 For the signals (`DraCount.devices`, `.containers`, `.peers`), every consumer of a claim uses its
 devices, holder or not: each GPU device of the pod's allocated claims must have its own GPU series
@@ -38,6 +40,7 @@ from typing import Any, NamedTuple
 
 from ghostgpu.signals.dra import DraDevice
 
+DONE_PHASES = ("Succeeded", "Failed")  # a pod in them runs no container again
 UNRESOLVED = ""  # a template claim whose generated claim the pod's status does not name yet
 
 
@@ -282,7 +285,10 @@ class DraCounter:
         memo: dict[tuple[str, str], tuple[Any, tuple[ClaimView | None, ...], Any]] = {}
         out: list[Any] = []
         for view in views:
-            if not view.claims:
+            if not view.claims or view.phase in DONE_PHASES:
+                # A finished pod holds no device, and Kubernetes deletes the claims generated for
+                # it while the pod itself stays (resourceclaim controller, isPodDone): a claim of
+                # a finished pod that is gone is no unknown.
                 out.append(view)
                 continue
             key = (view.namespace, view.name)

@@ -80,12 +80,6 @@ def kueue_counts_dra(dc: DevCluster) -> bool:
     return (int(v[0]), int(v[1])) >= (0, 18)
 
 
-NEEDS_DRA_KUEUE = (
-    "Kueue {v} charges DRA devices only with its alpha gate DynamicResourceAllocation, off here: "
-    "a DRA Job is admitted without being charged (docs/dra.md)"
-)
-
-
 # --- objects ---------------------------------------------------------------------------------------
 
 
@@ -498,9 +492,12 @@ def test_kueue_charges_a_dra_job_against_the_flavor_quota(
     env: DraEnv, dra_kueue: dict[str, Any], fleet: Fleet
 ) -> None:
     """With the rendered deviceClassMappings, Kueue admits a Job of a 2-device template on the
-    DRA flavor, charged 2 gpu.nvidia.com; a 9-device Job exceeds the flavor's quota of 8 and waits."""
+    DRA flavor, charged 2 gpu.nvidia.com; a 9-device Job exceeds the flavor's quota of 8 and waits.
+    Kueue v0.17 (its alpha gate off, as the bundle leaves it) loads the same Configuration and
+    admits both Jobs charging nothing for their devices, the 9-device one beyond the quota."""
     if not kueue_counts_dra(env.dc):
-        pytest.skip(NEEDS_DRA_KUEUE.format(v=env.dc.state.kueue_version))
+        uncharged_on_old_kueue(env, fleet.ns)
+        return
     ns, kube = fleet.ns, env.dc.kube
     kube.apply(claim_template("gpu2", ns, dra.GPU_CLASS, 2))
     kube.apply(claim_template("gpu9", ns, dra.GPU_CLASS, 9))
@@ -535,6 +532,34 @@ def test_kueue_charges_a_dra_job_against_the_flavor_quota(
         env.delete_job(ns, "nine")
 
 
+def failed_scheduling(env: DraEnv, ns: str, job: str) -> list[str]:
+    """The pods of `job` the scheduler refused at least once."""
+    pods = {p["metadata"]["name"] for p in env.list("v1", "Pod", ns, f"job-name={job}")}
+    evs = client.CoreV1Api(env.dc.kube.api_client).list_namespaced_event(
+        ns, field_selector="reason=FailedScheduling"
+    )
+    return sorted({e.involved_object.name for e in evs.items if e.involved_object.name in pods})
+
+
+def uncharged_on_old_kueue(env: DraEnv, ns: str) -> None:
+    """Kueue v0.17 without DynamicResourceAllocation: DRA Jobs admitted, charged nothing."""
+    env.dc.kube.apply(claim_template("gpu2", ns, dra.GPU_CLASS, 2))
+    env.dc.kube.apply(claim_template("gpu9", ns, dra.GPU_CLASS, 9))
+    try:
+        for job, template in (("two", "gpu2"), ("nine", "gpu9")):
+            env.dc.kube.apply(dra_job(job, ns, template))
+            wait_for(lambda job=job: env.admitted(ns, job), 60, f"{job} admitted")
+            [ps] = (env.workload_of(ns, job) or {})["status"]["admission"]["podSetAssignments"]
+            assert "gpu.nvidia.com" not in (ps.get("resourceUsage") or {}), ps
+            assert "gpu.nvidia.com" not in (ps.get("flavors") or {}), ps
+        assert ("h100-dra", "gpu.nvidia.com") not in env.cq_usage() or env.cq_usage()[
+            ("h100-dra", "gpu.nvidia.com")
+        ] == 0
+    finally:
+        env.delete_job(ns, "two")
+        env.delete_job(ns, "nine")
+
+
 @pytest.mark.kueue
 def test_dra_deployment_counted_reserved_reclaimed_and_restored(
     env: DraEnv, dra_kueue: dict[str, Any], fleet: Fleet, devcluster: DevCluster, tmp_path: Path
@@ -544,13 +569,13 @@ def test_dra_deployment_counted_reserved_reclaimed_and_restored(
       believes 8 free: gap 5; device-plugin 2 of 8 in use: gap 2;
     - placeholders reserve dra-x's 4 and the shared claim's 1 gpu.nvidia.com and dp's 2
       nvidia.com/gpu in the team's ClusterQueue: both gaps 0, and Kueue holds back a 4-device DRA
-      Job (8 - 5 < 4), saying why;
+      Job (8 - 5 < 4), saying why (Kueue v0.17, which charges DRA Jobs nothing without its alpha
+      gate, counts the placeholders all the same but admits the Job, whose pod then cannot be
+      scheduled until dra-x is reclaimed);
     - dra-x goes idle (its devices' dcgm series at 0, its processes finished): reclaimed (scaled
       to 0, its claim deleted), the Job admitted onto the freed node; shared-a and shared-b,
       tracked by hand and idle by every signal, are held (their claim is the other's too); nic
       is never judged; `ghostgpu restore` brings dra-x back with 4 devices allocated again."""
-    if not kueue_counts_dra(devcluster):
-        pytest.skip(NEEDS_DRA_KUEUE.format(v=devcluster.state.kueue_version))
     ns, kube = fleet.ns, devcluster.kube
     for name in SHARED:  # tracked another way than the policy: stopping one would free nothing
         kube.apply(
@@ -614,10 +639,14 @@ def test_dra_deployment_counted_reserved_reclaimed_and_restored(
             )
             return [e.message for e in evs.items if e.reason == "GPUsHeldOutsideKueue"]
 
-        [why] = wait_for(told_why, 30, "the Event on the waiting DRA Job's Workload")
-        assert f"4 gpu.nvidia.com held outside Kueue by deployment/dra-x in {ns}" in why, why
-        ctl.wait_polls(2)
-        assert not env.admitted(ns, "big"), "8 - 5 reserved < 4: the DRA Job waits"
+        if kueue_counts_dra(devcluster):
+            [why] = wait_for(told_why, 30, "the Event on the waiting DRA Job's Workload")
+            assert f"4 gpu.nvidia.com held outside Kueue by deployment/dra-x in {ns}" in why, why
+            ctl.wait_polls(2)
+            assert not env.admitted(ns, "big"), "8 - 5 reserved < 4: the DRA Job waits"
+        else:  # Kueue v0.17: the Job's devices are charged nothing, so nothing holds it back
+            wait_for(lambda: env.admitted(ns, "big"), 30, "the 4-device DRA Job admitted uncharged")
+            wait_for(lambda: failed_scheduling(env, ns, "big"), 30, "its pod refused by the scheduler")
 
         # dra-x goes idle: reclaimed, and the Job gets its devices.
         set_gpu_series(env, devcluster.dcgm, env.get("v1", "Pod", fleet.gpu_pod, ns) or {}, util=0.0)
@@ -637,7 +666,19 @@ def test_dra_deployment_counted_reserved_reclaimed_and_restored(
             "its pod scheduled",
         )
         assert big[0]["spec"]["nodeName"] in env.nodes
-        assert "ghostgpu-reserve-deployment-dra-x-h100-dra-4" not in placeholders()
+        # kwok finishes a Job's pod at once; Kubernetes then deletes its generated claim, the pod
+        # stays: a finished pod holds nothing, and its missing claim leaves nothing unknown.
+        [big_claim] = [s["resourceClaimName"] for s in big[0]["status"].get("resourceClaimStatuses") or []]
+        done = lambda: env.get("v1", "Pod", big[0]["metadata"]["name"], ns)["status"]["phase"] == "Succeeded"  # noqa: E731
+        wait_for(done, 30, "big's pod finished")
+        wait_for(
+            lambda: env.get(dra.RESOURCE_API, "ResourceClaim", big_claim, ns) is None, 30, "its claim deleted"
+        )
+        ctl.wait_polls(1)
+        d = env.status()["h100-dra"]
+        assert (d["gpusUnknownPods"], d["inUse"], d["trulyFree"]) == (0, 1, 7), d
+        dropped = lambda: "ghostgpu-reserve-deployment-dra-x-h100-dra-4" not in placeholders()  # noqa: E731
+        wait_for(dropped, 3 * POLL, "dra-x's placeholder deleted")
 
         # Idle by every signal, but stopping them frees nothing (shared) or no GPU (nic): untouched.
         ctl.wait_polls(2)
@@ -656,6 +697,7 @@ def test_dra_deployment_counted_reserved_reclaimed_and_restored(
         assert actions["dp"] == {"none"} and "nic" not in actions, actions
         shared_actions = set().union(*(actions.get(n, set()) for n in SHARED))
         assert "shared-claim" in shared_actions and "scale-to-zero" not in shared_actions, actions
+        assert '"msg":"poll failed"' not in ctl.log_path.read_text()
         evs = client.CoreV1Api(kube.api_client).list_namespaced_event(ns, field_selector="reason=ReclaimHeld")
         assert any(
             f"shared-claim: gpu claim {ns}/shared-gpu is also used by pod" in e.message for e in evs.items

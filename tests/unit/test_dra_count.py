@@ -195,6 +195,25 @@ def test_an_unallocated_claim_counts_zero_and_a_claim_not_seen_is_unknown() -> N
     assert d["trulyFree"] is None and d["gap"] is None and d["allocatable"] is None  # never "free"
 
 
+def test_a_finished_pod_whose_generated_claim_was_deleted_is_not_unknown() -> None:
+    """Kubernetes deletes a finished pod's generated claims while the pod stays (a completed Job's
+    pod): before this, one such pod left its flavor's gap unknown and the reservation waiting for
+    good (seen in the devcluster, tests/e2e/test_dra.py)."""
+    done = dra_pod("done", "u1", templates={"gpu": "deleted"})
+    failed = dra_pod("failed", "u2", templates={"gpu": "deleted-too"})
+    done["status"]["phase"], failed["status"]["phase"] = "Succeeded", "Failed"
+    views = counted([done, failed, dra_pod("running", "u3", templates={"gpu": "deleted-as-well"})], [])
+    assert not views["done"].gpus_unknown and dict(views["done"].gpu_requests) == {}
+    assert not views["failed"].gpus_unknown
+    assert views["running"].gpus_unknown  # a running pod's missing claim stays unknown
+    (acc,) = [
+        a
+        for a in account(FLAVORS, [node("node-1", "dra", {})], views.values(), [], {})
+        if a.flavor == "h100-dra"
+    ]
+    assert acc.gpus_unknown_pods == 1
+
+
 def test_an_unchanged_dra_pod_is_the_same_object_every_poll() -> None:
     c = claim_view(claim("x-gpu", [("gpu", "gpu-0")], [exactly("gpu", "gpu.nvidia.com")], ["u1"]))
     view = pod_view(dra_pod("x", "u1", templates={"gpu": "x-gpu"}), IS_GPU)
