@@ -1,6 +1,6 @@
 """The devcluster's DRA objects (ghostgpu.devcluster.dra): NVIDIA's classes, slices as scheduler_perf
 publishes them, a DRA node pool apart from the device-plugin pools. The e2e tests
-(tests/e2e/test_dra.py) show the real scheduler allocating from them."""
+(tests/e2e/test_dra_devcluster.py) show the real scheduler allocating from them."""
 
 from __future__ import annotations
 

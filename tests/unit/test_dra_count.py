@@ -198,7 +198,7 @@ def test_an_unallocated_claim_counts_zero_and_a_claim_not_seen_is_unknown() -> N
 def test_a_finished_pod_whose_generated_claim_was_deleted_is_not_unknown() -> None:
     """Kubernetes deletes a finished pod's generated claims while the pod stays (a completed Job's
     pod): before this, one such pod left its flavor's gap unknown and the reservation waiting for
-    good (seen in the devcluster, tests/e2e/test_dra.py)."""
+    good (seen in the devcluster, tests/e2e/test_dra_devcluster.py)."""
     done = dra_pod("done", "u1", templates={"gpu": "deleted"})
     failed = dra_pod("failed", "u2", templates={"gpu": "deleted-too"})
     done["status"]["phase"], failed["status"]["phase"] = "Succeeded", "Failed"

@@ -1,6 +1,6 @@
 """The reservation step of a poll logs what it wrote without failing the poll: a log record's
 `extra` may not name a LogRecord attribute (`created`), or logging raises and the poll fails after
-its writes (seen in the devcluster, tests/e2e/test_dra.py: "poll failed ... Attempt to overwrite
+its writes (seen in the devcluster, tests/e2e/test_dra_devcluster.py: "poll failed ... Attempt to overwrite
 'created' in LogRecord")."""
 
 from __future__ import annotations
