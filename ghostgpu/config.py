@@ -185,6 +185,18 @@ class DeviceClass(Model):
 
     name: DeviceClassName
     resource: KueueResourceName
+    extended_resource_name: ResourceName | None = Field(
+        default=None,
+        description="the class's spec.extendedResourceName (Kubernetes DRAExtendedResource): pods "
+        "that request it in their containers' resources get devices of the class",
+    )
+
+    @property
+    def extended_resource_names(self) -> tuple[str, ...]:
+        """The extended resources a pod gets this class's devices through: the configured one
+        and the implicit `deviceclass.resource.kubernetes.io/<class>` every class has."""
+        implicit = IMPLICIT_EXTENDED_RESOURCE_PREFIX + self.name
+        return (self.extended_resource_name, implicit) if self.extended_resource_name else (implicit,)
 
     @model_validator(mode="before")
     @classmethod
@@ -194,6 +206,9 @@ class DeviceClass(Model):
         return raw
 
 
+# Kubernetes' implicit extended resource name of every DeviceClass (resource/v1
+# ResourceDeviceClassPrefix): a pod requesting `<prefix><class>: N` gets N devices of the class.
+IMPLICIT_EXTENDED_RESOURCE_PREFIX = "deviceclass.resource.kubernetes.io/"
 # NVIDIA's DRA driver (k8s-dra-driver-gpu) publishes these DeviceClasses: whole GPUs and MIG devices.
 DEFAULT_DEVICE_CLASSES = ("gpu.nvidia.com", "mig.nvidia.com")
 # Kueue's limits on deviceClassMappings (pkg/config/validation.go, v0.17 to v0.19).
@@ -653,6 +668,15 @@ class DraFlavor(Model):
     device_class: DeviceClassName
     resource: KueueResourceName  # what Kueue charges its devices under
     node_labels: LabelMap = Field(default_factory=dict)
+    # The class's spec.extendedResourceName; left out of the ConfigMap when unset.
+    extended_resource_name: ResourceName | None = None
+
+    @property
+    def extended_resource_names(self) -> tuple[str, ...]:
+        """The extended resources a pod gets devices of the class through (DeviceClass's)."""
+        return DeviceClass(
+            name=self.device_class, resource=self.resource, extended_resource_name=self.extended_resource_name
+        ).extended_resource_names
 
 
 class GitOpsConfig(Model):
@@ -800,6 +824,15 @@ class GhostgpuConfig(Model):
         named = {f.device_class for f in self.flavors}
         return [d for d in self.device_classes if d.name in named]
 
+    def device_class_of(self, flavor: Flavor) -> DeviceClass:
+        """The deviceClasses entry a DRA flavor names."""
+        return next(d for d in self.device_classes if d.name == flavor.device_class)
+
+    @property
+    def dra_extended_resources(self) -> list[str]:
+        """The extended resources pods get the named classes' devices through, sorted."""
+        return sorted({n for d in self.dra_classes for n in d.extended_resource_names})
+
     def charged_resource(self, flavor: Flavor) -> str:
         """The resource a flavor's quota is given in: its device-plugin resource, or the Kueue
         resource its device class is charged under."""
@@ -815,6 +848,7 @@ class GhostgpuConfig(Model):
                 device_class=f.device_class,
                 resource=self.charged_resource(f),
                 node_labels=dict(f.node_labels),
+                extended_resource_name=self.device_class_of(f).extended_resource_name,
             )
             for f in self.flavors
             if f.device_class is not None
@@ -953,6 +987,27 @@ def _device_class_issues(cfg: GhostgpuConfig) -> Iterator[ConfigIssue]:
                 f"{d.name!r} a resource of their own (such as {d.name!r}), not one of "
                 f"{_list(sorted(plugin))} or a name under {', '.join(GPU_RESOURCE_PREFIXES)}",
             )
+    seen: dict[str, str] = {}
+    for i, d in enumerate(cfg.device_classes):
+        ext = d.extended_resource_name
+        if ext is None:
+            continue
+        key = f"deviceClasses[{i}].extendedResourceName"
+        if ext in plugin or ext.startswith(GPU_RESOURCE_PREFIXES):
+            # The controller would count the pod's request as device-plugin GPUs too.
+            yield ConfigIssue(
+                key,
+                f"{ext!r} is a device-plugin resource name; a device class's extendedResourceName "
+                f"must not be one of {_list(sorted(plugin))} or a name under "
+                f"{', '.join(GPU_RESOURCE_PREFIXES)}",
+            )
+        elif ext in seen:
+            # Kubernetes then picks one class for it (the newest): the other never serves it.
+            yield ConfigIssue(
+                key, f"{ext!r} is already the extendedResourceName of device class {seen[ext]!r}"
+            )
+        else:
+            seen[ext] = d.name
     for i, f in enumerate(cfg.flavors):
         if f.device_class is not None and f.device_class not in classes:
             yield ConfigIssue(

@@ -244,6 +244,9 @@ def _policies_context(cfg: c.GhostgpuConfig) -> dict[str, Any]:
     table = ActuatorTable(ctrl.actuators)
     flavor_resource = {f.name: f.resource for f in cfg.flavors}
     dra_classes = [d.name for d in cfg.dra_classes]
+    # A pod requesting a GPU class's extended resource (DRAExtendedResource) is a GPU request
+    # like a device-plugin one; without DRA classes the list is the device-plugin names alone.
+    gpu_resources = sorted({*cfg.gpu_resources, *cfg.dra_extended_resources})
     quota_by_team: dict[str, dict[str, str]] = {}
     for team in cfg.teams:
         totals: dict[str, Decimal] = {}
@@ -260,12 +263,12 @@ def _policies_context(cfg: c.GhostgpuConfig) -> dict[str, Any]:
         "local_queue": c.DEFAULT_LOCAL_QUEUE,
         "failure_policy": cfg.policies.failure_policy,
         "validate_job_queue_name": cfg.policies.validate_job_queue_name,
-        "gpu_resources": cfg.gpu_resources,
-        "gpu_variables": _gpu_cel_variables(cfg.gpu_resources, dra_classes),
+        "gpu_resources": gpu_resources,
+        "gpu_variables": _gpu_cel_variables(gpu_resources, dra_classes),
         "tracking_condition": _tracking_condition(table, dra=bool(dra_classes)),
         "dra_classes": dra_classes,
         "names_claim_template": _NAMES_CLAIM_TEMPLATE,
-        "manager_gpu": _manager_gpu(table, cel(cfg.gpu_resources)),
+        "manager_gpu": _manager_gpu(table, cel(gpu_resources)),
         "manager_rules": _manager_rules(table),
         "manager_kinds": [a.kind for a in table.tracked()],
         "teams_cel": cel([t.name for t in cfg.teams]),
@@ -586,7 +589,16 @@ def _agent_config(cfg: c.GhostgpuConfig) -> dict[str, Any]:
         del data["deviceClasses"]
         for flavor in data["flavors"]:
             del flavor["deviceClass"]
+    else:
+        _drop_unset_extended(data["deviceClasses"])
     return data
+
+
+def _drop_unset_extended(entries: list[dict[str, Any]]) -> None:
+    """extendedResourceName is written only when set: a file without it renders as before."""
+    for entry in entries:
+        if entry.get("extendedResourceName") is None:
+            entry.pop("extendedResourceName", None)
 
 
 def _agent_context(cfg: c.GhostgpuConfig) -> dict[str, Any]:
@@ -620,6 +632,8 @@ def _controller_config(cfg: c.GhostgpuConfig) -> dict[str, Any]:
     data = ctrl.model_dump(by_alias=True, mode="json")
     if not data["draFlavors"]:
         del data["draFlavors"]
+    else:
+        _drop_unset_extended(data["draFlavors"])
     return data
 
 

@@ -102,6 +102,12 @@ def dra_flavor_specs(cfg: ControllerConfig) -> list[FlavorSpec]:
     return [FlavorSpec(f.name, f.resource, dict(f.node_labels), f.device_class) for f in cfg.dra_flavors]
 
 
+def dra_extended_aliases(cfg: ControllerConfig) -> dict[str, str]:
+    """Extended resource name -> device class, for the DRA flavors' classes (DRAExtendedResource):
+    a pod's request of one is counted as devices of the class (inventory.GpuNames)."""
+    return {n: f.device_class for f in cfg.dra_flavors for n in f.extended_resource_names}
+
+
 async def discover_flavors(cluster: Cluster, is_gpu: GpuPredicate) -> list[FlavorSpec]:
     """GPU flavors as Kueue knows them: ClusterQueue flavor quotas on GPU resources, with the
     ResourceFlavor's nodeLabels."""
@@ -331,7 +337,7 @@ async def run_controller(
     cluster = Cluster(BudgetedApi(api, budget), instance=identity)
     dra_flavors = dra_flavor_specs(cfg)
     known = [f.resource for f in loaded.flavors or [] if f.device_class is None]
-    is_gpu = gpu_predicate(known)
+    is_gpu = gpu_predicate(known, dra_extended_aliases(cfg))
     table = ActuatorTable(cfg.actuators)
     informers = Informers(api, is_gpu, table, sorted({f.key for f in dra_flavors}))
     elector = LeaderElector(

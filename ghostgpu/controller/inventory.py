@@ -177,9 +177,29 @@ GpuPredicate = Callable[[str], bool]
 GPU_PREFIXES = GPU_RESOURCE_PREFIXES
 
 
-def gpu_predicate(known: Iterable[str] = ()) -> GpuPredicate:
+class GpuNames:
+    """A GpuPredicate that also knows the DRA extended resources (DRAExtendedResource): a pod
+    requesting one of them holds devices of its device class, counted under the class's name
+    (the key DRA flavors and claims.py count under), so the request and a claim's devices are
+    one flavor's GPUs. The claim the scheduler creates for such a request is named only in the
+    pod's status.extendedResourceClaimStatus, which claims.py does not read: counted once."""
+
+    __slots__ = ("aliases", "names")
+
+    def __init__(self, known: Iterable[str], aliases: Mapping[str, str]) -> None:
+        self.aliases = MappingProxyType(dict(aliases))
+        self.names = frozenset(known) | frozenset(aliases)
+
+    def __call__(self, name: str) -> bool:
+        return name in self.names or name.startswith(GPU_PREFIXES)
+
+
+def gpu_predicate(known: Iterable[str] = (), aliases: Mapping[str, str] | None = None) -> GpuPredicate:
     """A resource counts as a GPU if a flavor names it or it is a well-known accelerator resource
-    (nvidia.com/gpu, nvidia.com/mig-1g.10gb, amd.com/gpu, ...)."""
+    (nvidia.com/gpu, nvidia.com/mig-1g.10gb, amd.com/gpu, ...). `aliases`: extended resource name
+    -> device class, for the DRA extended resources of the DRA flavors' classes."""
+    if aliases:
+        return GpuNames(known, aliases)
     names = frozenset(known)
     return lambda name: name in names or name.startswith(GPU_PREFIXES)
 
@@ -228,6 +248,7 @@ def _gpu_requests(containers: Iterable[Mapping[str, Any]], is_gpu: GpuPredicate)
 
 def _gpu_totals(containers: Iterable[Mapping[str, Any]], is_gpu: GpuPredicate) -> dict[str, float]:
     total: dict[str, float] = {}
+    aliases = is_gpu.aliases if isinstance(is_gpu, GpuNames) else _EMPTY
     for c in containers:
         res = c.get("resources") or {}
         limits, requests = res.get("limits") or {}, res.get("requests") or {}
@@ -235,7 +256,8 @@ def _gpu_totals(containers: Iterable[Mapping[str, Any]], is_gpu: GpuPredicate) -
         for name in sorted(set(limits) | set(requests)):
             if is_gpu(name):
                 qty = limits.get(name, requests.get(name))
-                total[name] = total.get(name, 0.0) + float(Quantity(str(qty)).value)
+                key = aliases.get(name, name)
+                total[key] = total.get(key, 0.0) + float(Quantity(str(qty)).value)
     return total
 
 

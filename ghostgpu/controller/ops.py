@@ -19,6 +19,7 @@ from ghostgpu.controller.app import (
     _kube_api,
     _slim_node,
     discover_flavors,
+    dra_extended_aliases,
     dra_flavor_specs,
 )
 from ghostgpu.controller.books.accounting import FlavorAccount, FlavorSpec, node_labels_for_books
@@ -239,7 +240,10 @@ async def _status_snapshot(
     """The cluster as the controller's caches would show it: one list per kind."""
     api = await _kube_api(kubeconfig)
     cluster = Cluster(api, instance="ghostgpu-status")
-    is_gpu = gpu_predicate([f.resource for f in loaded.flavors or [] if f.device_class is None])
+    is_gpu = gpu_predicate(
+        [f.resource for f in loaded.flavors or [] if f.device_class is None],
+        dra_extended_aliases(loaded.controller),
+    )
     dra = dra_flavor_specs(loaded.controller)
     flavors: list[FlavorSpec] = loaded.flavors or (await discover_flavors(cluster, is_gpu) + dra)
     tracked: dict[WorkloadRef, Any] = {}
