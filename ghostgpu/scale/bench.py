@@ -1,6 +1,7 @@
 """Orchestration of `ghostgpu bench scale`: one local control plane, a fleet grown to each N in
-turn, and at each N the controller (probe.py) and the naive baseline (naive.py) measured in their
-own processes against the same pods, metrics and Prometheus."""
+turn, and at each N the controller (probe.py) in agent mode and in exec mode, and the naive
+baseline (naive.py), each measured in its own process against the same pods, metrics and
+Prometheus."""
 
 from __future__ import annotations
 
@@ -29,8 +30,12 @@ from ghostgpu.devcluster.cluster import DevCluster
 from ghostgpu.devcluster.nodes import GpuNodeSpec
 from ghostgpu.devcluster.paths import REPO_ROOT
 from ghostgpu.scale.exporter import start_metrics
-from ghostgpu.scale.fleet import GPUS_PER_NODE, FleetSpec, KubeHTTP, ensure_base, grow_pods
+from ghostgpu.scale.fleet import GPUS_PER_NODE, FleetSpec, KubeHTTP, ensure_base, grow_pods, pod_uids
 from ghostgpu.signals.utilization import PodKey, QuerySpec, every_signal_query
+
+# The controller's two process sources, measured in this order at each N: agent mode (the
+# default of a new render) is the `ghostgpu` side of every table, exec mode keeps a row of its own.
+PROCESS_SOURCES = ("agent", "exec")
 
 Log = Callable[[str], None]
 
@@ -51,6 +56,9 @@ class Side:
     # process does between polls (post-poll GC, watch events, the health server). `cpu_s` is the
     # poll alone (first snapshot to the accounting); the CPU target is checked against both.
     cycle_cpu_s: float | None = None
+    # ghostgpu only: steady writes per poll (the budgeted requests but exec), what "requests <=
+    # 5 + writes" allows beyond the 5.
+    writes: float | None = None
 
 
 @dataclass
@@ -73,6 +81,19 @@ class SizeResult:
     # the raw rows behind the medians, kept in --json-out so the docs cite the command's output.
     polls: list[dict[str, Any]] = field(default_factory=list)
     startup: dict[str, Any] = field(default_factory=dict)
+    # The same controller with `processSource: exec` (ps exec'd into each idle candidate), started
+    # after the agent-mode run against the same fleet; its last poll's verdict states beside it.
+    exec_mode: Side | None = None
+    exec_states: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def exec_cpu_per_candidate_s(self) -> float | None:
+        """What exec mode's steady cycle costs beyond agent mode's, per idle candidate (one exec
+        each): the price of the process signal by exec, beside the compiled client's exec floor."""
+        e, a = self.exec_mode, self.ghostgpu
+        if e is None or e.cycle_cpu_s is None or a.cycle_cpu_s is None or not self.idle:
+            return None
+        return (e.cycle_cpu_s - a.cycle_cpu_s) / self.idle
 
     @property
     def floor_ratio(self) -> float | None:
@@ -197,15 +218,16 @@ def budget_check(times: Sequence[float], qps: float) -> dict[str, float]:
     }
 
 
-def controller_config(prom_url: str, window: int) -> dict[str, Any]:
+def controller_config(prom_url: str, window: int, process_source: str = "agent") -> dict[str, Any]:
     """examples/ghostgpu.yaml (flavors known, so no Kueue discovery per poll) with the controller
-    section the bench needs: shadow mode, a 1 s poll interval, no start-up grace."""
+    section the bench needs: shadow mode, a 1 s poll interval, no start-up grace, and the process
+    source measured (agent: the exporter's agent series; exec: kwok answers `ps` with the fleet's
+    tables)."""
     doc = yaml.safe_load((REPO_ROOT / "examples" / "ghostgpu.yaml").read_text())
     doc["controller"] = {
         **(doc.get("controller") or {}),
         "mode": "shadow",
-        # The bench's fleet scripts `ps` tables (its exec rows); agent mode is measured apart.
-        "processSource": "exec",
+        "processSource": process_source,
         "pollInterval": "1s",
         "startupGrace": "1s",
         "window": window,
@@ -299,6 +321,7 @@ def summarise_controller(rows: list[dict[str, Any]], window: int) -> tuple[Side,
         exec_calls=med("exec_calls"),
         polls=len(steady),
         cycle_cpu_s=round(statistics.median(cycles), 4),
+        writes=statistics.median(r.get("budgeted_requests", 0) - r["exec_calls"] for r in steady),
     )
     keep = (
         "poll",
@@ -357,8 +380,15 @@ async def _bench(cfg: BenchConfig, log: Log) -> list[SizeResult]:
         for n in sorted(cfg.sizes):
             await grow_pods(kube, spec, created, n, log=log)
             created = n
+            uids = await pod_uids(kube)
             rows = [
-                [spec.namespace(i), spec.pod(i), spec.node_of(i), 0 if spec.idle(i) else 20 + (i * 37) % 80]
+                [
+                    spec.namespace(i),
+                    spec.pod(i),
+                    spec.node_of(i),
+                    0 if spec.idle(i) else 20 + (i * 37) % 80,
+                    uids[(spec.namespace(i), spec.pod(i))],
+                ]
                 for i in range(n)
             ]
             fleet_file.write_text(json.dumps(rows))
@@ -379,11 +409,12 @@ async def _bench(cfg: BenchConfig, log: Log) -> list[SizeResult]:
 
 
 def _floor(cfg: BenchConfig, spec: FleetSpec, n: int, prom_url: str) -> float:
-    """Every signal of the N tracked pods (utilization, sample time, GPU memory: three series per
-    pod, every_signal_query), answered by the same Prometheus; the floor is parsing and mapping
-    that answer. A fixed amount of work, not the controller's own query: the controller asks for
-    about one series per pod, and a floor that shrank with it would make a smaller answer look
-    like a slower controller."""
+    """Every signal of the N tracked pods (utilization, sample time, GPU memory, and the node
+    agent's processes by role, programs and scan time: every_signal_query with the agent's parts),
+    answered by the same Prometheus; the floor is parsing and mapping that answer. A fixed amount
+    of work, not the controller's own query: the controller asks for about one series per pod (and
+    the agent's only for the utilization-idle ones), and a floor that shrank with it would make a
+    smaller answer look like a slower controller."""
     from ghostgpu.config import ControllerConfig
 
     controller = ControllerConfig.model_validate(controller_config(prom_url, cfg.window)["controller"])
@@ -393,36 +424,47 @@ def _floor(cfg: BenchConfig, spec: FleetSpec, n: int, prom_url: str) -> float:
         zero_threshold=controller.zero_threshold,
     )
     pods = [PodKey(spec.namespace(i), spec.pod(i)) for i in range(n)]
-    body = httpx.post(
-        f"{prom_url}/api/v1/query", data={"query": every_signal_query(qspec, pods)}, timeout=120
-    ).content
+    query = every_signal_query(qspec, pods, agent=True)
+    body = httpx.post(f"{prom_url}/api/v1/query", data={"query": query}, timeout=120).content
     return round(floor_of_poll(body, pods), 5)
 
 
-async def _measure(
-    cfg: BenchConfig, spec: FleetSpec, n: int, cluster: DevCluster, kube: KubeHTTP, prom_url: str, log: Log
-) -> SizeResult:
+@dataclass
+class _ControllerRun:
+    side: Side
+    warmup: list[dict[str, Any]]
+    rows: list[dict[str, Any]]
+    startup: dict[str, Any]
+    first_verdict: dict[str, Any]
+    budget: dict[str, Any]
+    server_side: dict[str, float]
+
+
+async def _controller_run(
+    cfg: BenchConfig, n: int, source: str, cluster: DevCluster, kube: KubeHTTP, prom_url: str, log: Log
+) -> _ControllerRun:
+    """The controller, started fresh, for window + 1 + steady polls with the given process source."""
     state = cfg.state_dir
-    conf = state / f"ghostgpu-{n}.yaml"
-    conf.write_text(yaml.safe_dump(controller_config(prom_url, cfg.window), sort_keys=False))
-    out = state / f"controller-{n}.jsonl"
+    conf = state / f"ghostgpu-{n}-{source}.yaml"
+    conf.write_text(yaml.safe_dump(controller_config(prom_url, cfg.window, source), sort_keys=False))
+    out = state / f"controller-{n}-{source}.jsonl"
     out.unlink(missing_ok=True)
     prom_port = int(prom_url.rsplit(":", 1)[1])
     q0, e0 = _prom_counter(prom_url, "/api/v1/query"), await _apiserver_exec_total(kube)
     polls = cfg.window + 1 + cfg.steady_polls
-    log(f"[bench] N={n}: controller, {polls} polls")
+    log(f"[bench] N={n}: controller in {source} mode, {polls} polls")
     argv = [sys.executable, "-m", "ghostgpu.scale.probe", f"--config={conf}"]
     argv += [f"--kubeconfig={cluster.kubeconfig}", f"--polls={polls}", f"--out={out}"]
     argv += [f"--prom-port={prom_port}", f"--port={procs.free_port()}"]
-    argv += [f"--decision-log={state / f'decisions-{n}.jsonl'}"]
+    argv += [f"--decision-log={state / f'decisions-{n}-{source}.jsonl'}"]
     t0 = time.time()
     await asyncio.to_thread(_run, argv, state / "probe.log", 3600)
     t1 = time.time()
     q1, e1 = _prom_counter(prom_url, "/api/v1/query"), await _apiserver_exec_total(kube)
     crows = _rows(out)
-    failures = [(r["poll"], r.get("exec_failures")) for r in crows if r.get("exec_failures")]
-    log(f"[bench] N={n}: process-listing failures (poll, reason: count): {failures or 'none'}")
-    mine, warm = summarise_controller(crows, cfg.window)
+    failures = [(r["poll"], r.get("process_failures")) for r in crows if r.get("process_failures")]
+    log(f"[bench] N={n}: {source} mode, process-signal failures (poll, reason: count): {failures or 'none'}")
+    side, warm = summarise_controller(crows, cfg.window)
     first = crows[cfg.window - 1] if len(crows) >= cfg.window else {}
     first_verdict = {
         "poll": first.get("poll"),
@@ -440,7 +482,27 @@ async def _measure(
         "audited_by_user_agent": {ua: len(ts) for ua, ts in sorted(by_agent.items())},
         "controller": budget_check(by_agent.get(CONTROLLER_USER_AGENT, []), cfg.qps),
     }
-    # Clear the controller's verdict annotations? No: the baseline does not read them.
+    return _ControllerRun(
+        side=side,
+        warmup=warm,
+        rows=crows,
+        startup=json.loads(out.with_suffix(".startup.json").read_text()),
+        first_verdict=first_verdict,
+        budget=budget,
+        server_side={
+            "controller_prometheus_queries_total": q1 - q0,
+            "controller_exec_total": e1 - e0,
+            "controller_polls": len(crows),
+        },
+    )
+
+
+async def _measure(
+    cfg: BenchConfig, spec: FleetSpec, n: int, cluster: DevCluster, kube: KubeHTTP, prom_url: str, log: Log
+) -> SizeResult:
+    state = cfg.state_dir
+    runs = {src: await _controller_run(cfg, n, src, cluster, kube, prom_url, log) for src in PROCESS_SOURCES}
+    agent, exec_ = runs["agent"], runs["exec"]
     nout = state / f"naive-{n}.jsonl"
     nout.unlink(missing_ok=True)
     sample = cfg.naive_sample if n > cfg.naive_sample else None
@@ -457,19 +519,17 @@ async def _measure(
         n=n,
         idle=spec.idle_count(n),
         nodes=spec.nodes,
-        ghostgpu=mine,
+        ghostgpu=agent.side,
         naive=theirs,
-        warmup=warm,
-        states=crows[-1]["states"],
-        polls=poll_rows(crows),
-        startup=json.loads(out.with_suffix(".startup.json").read_text()),
-        first_verdict=first_verdict,
-        budget=budget,
-        server_side={
-            "controller_prometheus_queries_total": q1 - q0,
-            "controller_exec_total": e1 - e0,
-            "controller_polls": len(crows),
-        },
+        warmup=agent.warmup,
+        states=agent.rows[-1]["states"],
+        polls=poll_rows(agent.rows),
+        startup=agent.startup,
+        first_verdict=agent.first_verdict,
+        budget=agent.budget,
+        server_side=agent.server_side,
+        exec_mode=exec_.side,
+        exec_states=exec_.rows[-1]["states"],
     )
 
 
@@ -492,5 +552,7 @@ def from_json(data: dict[str, Any]) -> list[SizeResult]:
     for r in data["results"]:
         r = dict(r)
         r["ghostgpu"], r["naive"] = Side(**r["ghostgpu"]), Side(**r["naive"])
+        if r.get("exec_mode") is not None:
+            r["exec_mode"] = Side(**r["exec_mode"])
         out.append(SizeResult(**r))
     return out

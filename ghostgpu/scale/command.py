@@ -7,7 +7,15 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from ghostgpu.scale.bench import BenchConfig, from_json, run_scale, to_json
-from ghostgpu.scale.report import budget_markdown, floor_markdown, markdown, plot, targets, warmup_markdown
+from ghostgpu.scale.report import (
+    budget_markdown,
+    exec_markdown,
+    floor_markdown,
+    markdown,
+    plot,
+    targets,
+    warmup_markdown,
+)
 
 
 def run_scale_command(
@@ -48,11 +56,17 @@ def run_scale_command(
     )
     echo(markdown(results))
     echo(
-        "Against the floor of one poll, measured in the same run (parse one Prometheus answer with "
-        "every signal of all N pods, three series per pod, with orjson and map each sample to its "
-        "pod; CPU seconds):\n"
+        "Agent mode against the floor of one poll, measured in the same run (parse one Prometheus "
+        "answer with every signal of all N pods, three dcgm series and the node agent's eight series "
+        "per pod, with orjson and map each sample to its pod; CPU seconds):\n"
     )
     echo(floor_markdown(results))
+    echo(
+        "Exec mode beside agent mode (the same controller with processSource: exec, `ps` exec'd into "
+        "each idle candidate; extra CPU: exec mode's steady cycle minus agent mode's, per idle "
+        "candidate):\n"
+    )
+    echo(exec_markdown(results))
     echo(
         "The first-verdict poll against the apiserver budget (budgeted: writes and exec; the audit "
         "columns are the apiserver's own log of the controller's writes and exec over its whole run):\n"

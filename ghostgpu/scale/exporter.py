@@ -1,12 +1,18 @@
 """The metrics source of the scale bench: an exporter that serves dcgm-exporter's series for N
 GPU pods (DCGM_FI_DEV_GPU_UTIL, DCGM_FI_DEV_FB_USED, DCGM_FI_DEV_XID_ERRORS with dcgm-exporter's
-label names), and the real Prometheus scraping it.
+label names) and the node agent's series for each pod's GPU container (`ghostgpu agent`: processes
+by role, the programs that keep it alive, the scan's timestamp), and the real Prometheus scraping it.
+
+The agent's series are what the node agent's collector (ghostgpu/agent/exporter.py) prints for the
+same processes: an idle pod's container holds only `sleep infinity` (fleet.IDLE_TABLE), a busy one a
+shell and its training program (fleet.BUSY_TABLE), both counted by the verdict's own `count_roles`.
+Their scan timestamp is the time of the scrape, as a running agent's would be.
 
 Why not the devcluster's fake dcgm-exporter: it is driven one series per HTTP call and re-renders
 its exposition on every scrape; at 10,000 pods the set-up and the exporter's own CPU would
 dominate the shared 2-core machine. Here the exposition is rendered once per fleet change.
 
-Run: python -m ghostgpu.scale.exporter --port N --fleet FILE   (FILE: JSON [[ns, pod, node, util]])
+Run: python -m ghostgpu.scale.exporter --port N --fleet FILE   (FILE: JSON [[ns, pod, node, util, uid]])
      POST /reload re-reads FILE.
 """
 
@@ -16,6 +22,7 @@ import argparse
 import hashlib
 import json
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, ClassVar
@@ -24,19 +31,24 @@ import yaml
 
 from ghostgpu.devcluster import procs
 from ghostgpu.devcluster.paths import Toolchain
+from ghostgpu.scale.fleet import BUSY_TABLE, IDLE_TABLE
+from ghostgpu.signals.agent import PROCESSES_METRIC, PROGRAM_METRIC, ROLES, SCAN_METRIC
+from ghostgpu.signals.processes import parse_ps
+from ghostgpu.verdict import ProcessCounts, ProcessPolicy, count_roles
 
 MODEL = "NVIDIA H100 80GB HBM3"
+CONTAINER = "main"  # fleet.pod_body's one container
 
 
 def exposition(rows: list[list[Any]]) -> bytes:
     util, fb, xid = [], [], []
-    for k, (ns, pod, node, value) in enumerate(rows):
+    for k, (ns, pod, node, value, *_uid) in enumerate(rows):
         gpu = k % 8
         digest = hashlib.sha256(f"{node}/{gpu}".encode()).hexdigest()
         uuid = f"GPU-{digest[:8]}-{digest[8:12]}-{digest[12:16]}-{digest[16:20]}-{digest[20:32]}"
         labels = (
             f'gpu="{gpu}",UUID="{uuid}",device="nvidia{gpu}",modelName="{MODEL}",Hostname="{node}",'
-            f'container="main",namespace="{ns}",pod="{pod}"'
+            f'container="{CONTAINER}",namespace="{ns}",pod="{pod}"'
         )
         util.append(f"DCGM_FI_DEV_GPU_UTIL{{{labels}}} {value:g}")
         fb.append(f"DCGM_FI_DEV_FB_USED{{{labels}}} {4096 if value else 0}")
@@ -55,10 +67,65 @@ def exposition(rows: list[list[Any]]) -> bytes:
     return ("\n".join(out) + "\n").encode()
 
 
+def _agent_labels(row: list[Any]) -> str:
+    ns, pod, _node, _value, uid = row
+    return f'namespace="{ns}",pod="{pod}",uid="{uid}",container="{CONTAINER}"'
+
+
+def agent_exposition(rows: list[list[Any]]) -> bytes:
+    """The node agents' per-container series for every pod, but the scan timestamps (`agent_scans`):
+    processes by role (all six, 0 included) and the programs that keep it alive, as the agent's
+    collector prints them for the same rows."""
+    policy = ProcessPolicy()
+    idle, busy = (count_roles(parse_ps(t), policy) for t in (IDLE_TABLE, BUSY_TABLE))
+    procs_lines: list[str] = []
+    prog_lines: list[str] = []
+    for row in rows:
+        labels = _agent_labels(row)
+        counts: ProcessCounts = idle if row[3] == 0 else busy
+        procs_lines += [f'{PROCESSES_METRIC}{{{labels},role="{r}"}} {getattr(counts, r)}' for r in ROLES]
+        prog_lines += [f'{PROGRAM_METRIC}{{{labels},program="{p}"}} 1' for p in counts.programs]
+    out = [
+        f"# TYPE {PROCESSES_METRIC} gauge",
+        *procs_lines,
+        f"# TYPE {PROGRAM_METRIC} gauge",
+        *prog_lines,
+    ]
+    return ("\n".join(out) + "\n").encode()
+
+
+def agent_scans(rows: list[list[Any]], now: float) -> bytes:
+    """Every container's scan timestamp, `now`: rendered at scrape time, as fresh as a running agent's."""
+    stamp = f"{now:.3f}"
+    lines = [f"# TYPE {SCAN_METRIC} gauge"]
+    lines += [f"{SCAN_METRIC}{{{_agent_labels(row)}}} {stamp}" for row in rows]
+    return ("\n".join(lines) + "\n").encode()
+
+
+class _Body:
+    """The exposition of the current fleet: the static part, rendered once per fleet change, and
+    the agents' scan timestamps, rendered again when a scrape finds them over a second old."""
+
+    def __init__(self, rows: list[list[Any]], agent: bool) -> None:
+        self.rows = rows if agent else []
+        self.static = exposition(rows) + (agent_exposition(rows) if agent else b"")
+        self._scans = b""
+        self._scans_at = 0.0
+
+    def render(self) -> bytes:
+        if not self.rows:
+            return self.static
+        now = time.time()
+        if now - self._scans_at >= 1.0:
+            self._scans, self._scans_at = agent_scans(self.rows, now), now
+        return self.static + self._scans
+
+
 class _Handler(BaseHTTPRequestHandler):
     fleet: ClassVar[Path]
+    agent: ClassVar[bool]
     lock: ClassVar[threading.Lock]
-    body: ClassVar[list[bytes]]
+    body: ClassVar[list[_Body]]
 
     def log_message(self, format: str, *args: object) -> None:
         pass
@@ -73,14 +140,14 @@ class _Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         if self.path.startswith("/metrics"):
             with self.lock:
-                data = self.body[0]
+                data = self.body[0].render()
             self._reply(200, data)
         else:
             self._reply(200 if self.path == "/healthz" else 404, b"ok\n")
 
     def do_POST(self) -> None:
         if self.path == "/reload":
-            data = exposition(json.loads(self.fleet.read_text()))
+            data = _Body(json.loads(self.fleet.read_text()), self.agent)
             with self.lock:
                 self.body[0] = data
             self._reply(200, b'{"ok":true}', "application/json")
@@ -88,9 +155,10 @@ class _Handler(BaseHTTPRequestHandler):
             self._reply(404, b"not found\n")
 
 
-def serve(port: int, fleet: Path) -> None:
-    body = [exposition(json.loads(fleet.read_text())) if fleet.exists() else b""]
-    handler = type("Handler", (_Handler,), {"fleet": fleet, "lock": threading.Lock(), "body": body})
+def serve(port: int, fleet: Path, *, agent: bool = True) -> None:
+    body = [_Body(json.loads(fleet.read_text()) if fleet.exists() else [], agent)]
+    attrs = {"fleet": fleet, "agent": agent, "lock": threading.Lock(), "body": body}
+    handler = type("Handler", (_Handler,), attrs)
     ThreadingHTTPServer(("127.0.0.1", port), handler).serve_forever()
 
 
@@ -144,8 +212,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--port", type=int, required=True)
     ap.add_argument("--fleet", type=Path, required=True)
+    ap.add_argument("--no-agent", action="store_true", help="serve dcgm-exporter's series only")
     args = ap.parse_args()
-    serve(args.port, args.fleet)
+    serve(args.port, args.fleet, agent=not args.no_agent)
 
 
 if __name__ == "__main__":

@@ -32,6 +32,13 @@ GPUS_PER_NODE = 8
 H100_LABELS = {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
 # An idle holder only: nothing runs (procps's listing of the controller's argv).
 IDLE_TABLE = "    PID    PPID STAT ELAPSED COMMAND\n      1       0 S        900 sleep infinity\n"
+# A busy pod's processes, as the node agent reports them (exec never lists a busy pod: only the
+# utilization-idle candidates are asked): a shell and the training program it started.
+BUSY_TABLE = (
+    "    PID    PPID STAT ELAPSED COMMAND\n"
+    "      1       0 Ss       900 /bin/sh -c python train.py\n"
+    "      7       1 Rl       899 python train.py --epochs 90\n"
+)
 
 
 @dataclass(frozen=True)
@@ -263,6 +270,12 @@ async def _service_accounts(kube: KubeHTTP, namespaces: Sequence[str]) -> int:
 async def running_pods(kube: KubeHTTP) -> int:
     pods = await kube.list_all("/api/v1/pods", {"labelSelector": f"{FLEET_LABEL}=true"})
     return sum(1 for p in pods if (p.get("status") or {}).get("phase") == "Running")
+
+
+async def pod_uids(kube: KubeHTTP) -> dict[tuple[str, str], str]:
+    """Every fleet pod's uid by (namespace, name): the node agent's series carry it."""
+    pods = await kube.list_all("/api/v1/pods", {"labelSelector": f"{FLEET_LABEL}=true"})
+    return {(p["metadata"]["namespace"], p["metadata"]["name"]): p["metadata"]["uid"] for p in pods}
 
 
 async def grow_pods(kube: KubeHTTP, spec: FleetSpec, start: int, stop: int, log: Any = print) -> None:

@@ -4,6 +4,7 @@ process, with `--max-polls`. The controller code is not edited; this module wrap
   - `accounting_from` (the last thing of each poll cycle)       -> cycle end
   - `Reconciler.poll_once`                                      -> the verdict states of the poll
   - `httpx.AsyncClient.send`                                    -> requests by class (meter.py)
+  - `ExecProcessSource.list_processes`, `AgentProcessSource.list_many` -> process-signal failures
 Per cycle it writes one JSON line: wall time, CPU time (user+sys of the process), RSS, peak RSS,
 Prometheus queries, apiserver requests (exec, watch, other) and the states.
 
@@ -32,7 +33,7 @@ class Recorder:
         self.t0 = time.perf_counter()
         self.cpu0 = cpu_seconds()
         self._gc0: tuple[float, int] = (0.0, 0)
-        self.exec_failures, self.exec_failure_samples = {}, []
+        self.process_failures, self.process_failure_samples = {}, []
 
     gc_freeze = False  # EXPERIMENT, not the controller as shipped: gc.freeze() after sync/polls
     profile_from: int | None = None  # cProfile polls from this one on (`--profile`)
@@ -49,17 +50,19 @@ class Recorder:
             self.gc_s += time.process_time() - self._gc_t
             self.gc_full += info.get("generation") == 2
 
-    exec_failures: dict[str, int]
-    exec_failure_samples: list[str]
+    process_failures: dict[str, int]
+    process_failure_samples: list[str]
 
     def failed_listing(self, pod: Any, failure: Any) -> None:
         reason = str(failure.reason.value)
-        self.exec_failures[reason] = self.exec_failures.get(reason, 0) + 1
-        if len(self.exec_failure_samples) < 5:
-            self.exec_failure_samples.append(f"{pod.namespace}/{pod.name}: {reason}: {failure.detail}"[:300])
+        self.process_failures[reason] = self.process_failures.get(reason, 0) + 1
+        if len(self.process_failure_samples) < 5:
+            self.process_failure_samples.append(
+                f"{pod.namespace}/{pod.name}: {reason}: {failure.detail}"[:300]
+            )
 
     def begin(self) -> None:
-        self.exec_failures, self.exec_failure_samples = {}, []
+        self.process_failures, self.process_failure_samples = {}, []
         self._gc0 = (self.gc_s, self.gc_full)
         if self.profile_from is not None and self.poll + 1 >= self.profile_from and self.profiler:
             self.profiler.enable()
@@ -98,10 +101,10 @@ class Recorder:
             "budgeted_requests": d.get("apiserver_exec", 0)
             + sum(v for k, v in by_verb.items() if not k.startswith("GET ") and not k.endswith(" leases")),
             "states": self.states,
-            # why process listings failed this poll (each is an UNKNOWN verdict): reason -> count,
-            # and the first few failures' pod and detail
-            "exec_failures": dict(sorted(self.exec_failures.items())),
-            "exec_failure_samples": self.exec_failure_samples,
+            # why the processes signal failed this poll (exec or the agent's series; each is an
+            # UNKNOWN verdict): reason -> count, and the first few failures' pod and detail
+            "process_failures": dict(sorted(self.process_failures.items())),
+            "process_failure_samples": self.process_failure_samples,
             "gc_s": round(self.gc_s - self._gc0[0], 4),
             "gc_full_collections": self.gc_full - self._gc0[1],
             "process_cpu_s": round(cpu_seconds() - self.cpu0, 3),
@@ -175,6 +178,18 @@ def install(recorder: Recorder) -> None:
             recorder.failed_listing(pod, outcome)
         return outcome
 
+    from ghostgpu.signals.agent import AgentProcessSource
+
+    original_many = AgentProcessSource.list_many
+
+    async def list_many(self: Any, pods: Any) -> Any:
+        outcomes = await original_many(self, pods)
+        for pod, outcome in outcomes.items():
+            if isinstance(outcome, SignalFailure):
+                recorder.failed_listing(pod, outcome)
+        return outcomes
+
+    AgentProcessSource.list_many = list_many  # type: ignore[method-assign]
     ExecProcessSource.list_processes = list_processes  # type: ignore[method-assign]
     app.Informers.snapshot = snapshot  # type: ignore[method-assign]
     app.Informers.wait_synced = wait_synced  # type: ignore[method-assign]

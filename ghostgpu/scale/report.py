@@ -32,7 +32,9 @@ def markdown(results: Sequence[SizeResult]) -> str:
         "|---|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in results:
-        for name, side in (("ghostgpu", r.ghostgpu), ("naive cron (baseline)", r.naive)):
+        sides = [("ghostgpu, agent mode", r.ghostgpu)]
+        sides += [("ghostgpu, exec mode", r.exec_mode)] if r.exec_mode is not None else []
+        for name, side in (*sides, ("naive cron (baseline)", r.naive)):
             label = name
             if side.extrapolated_from:
                 label += f" — extrapolated from {side.extrapolated_from:,} pods"
@@ -44,7 +46,8 @@ def markdown(results: Sequence[SizeResult]) -> str:
             )
     lines += [
         "",
-        "| N | naive/ghostgpu CPU | wall | Prometheus queries | exec calls | apiserver requests |",
+        "| N | naive/ghostgpu (agent mode) CPU | wall | Prometheus queries | exec calls "
+        "| apiserver requests |",
         "|---:|---:|---:|---:|---:|---:|",
     ]
     for r in results:
@@ -60,7 +63,7 @@ def floor_markdown(results: Sequence[SizeResult]) -> str:
     """The controller against the floor of one poll measured in the same run."""
     lines = [
         "| N pods (idle) | floor CPU s | CPU s/cycle | cycle ÷ floor | CPU s/poll | wall s/poll "
-        "| peak RSS MB | apiserver requests/poll | idle + 5 |",
+        "| peak RSS MB | apiserver requests/poll | 5 + writes |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in results:
@@ -70,7 +73,30 @@ def floor_markdown(results: Sequence[SizeResult]) -> str:
         cycle = "—" if g.cycle_cpu_s is None else f"{g.cycle_cpu_s:.3f}"
         lines.append(
             f"| {r.n:,} ({r.idle:,}) | {floor} | {cycle} | {ratio} | {g.cpu_s:.3f} | {g.wall_s:.3f} | "
-            f"{g.peak_rss_mib * 2**20 / 1e6:.0f} | {_n(g.apiserver_requests)} | {r.idle + EXTRA_REQUESTS:,} |"
+            f"{g.peak_rss_mib * 2**20 / 1e6:.0f} | {_n(g.apiserver_requests)} | "
+            f"{_n(EXTRA_REQUESTS + (g.writes or 0))} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def exec_markdown(results: Sequence[SizeResult]) -> str:
+    """Exec mode beside agent mode: what the process signal costs when it is exec'd, per idle
+    candidate (one `ps` exec each), and whether both modes reached the same verdicts."""
+    lines = [
+        "| N pods (idle) | exec mode CPU s/cycle | agent mode CPU s/cycle | exec mode extra CPU ms "
+        "per idle candidate | exec calls/poll | apiserver requests/poll | same verdicts |",
+        "|---|---:|---:|---:|---:|---:|---|",
+    ]
+    for r in results:
+        e = r.exec_mode
+        if e is None:
+            continue
+        per = r.exec_cpu_per_candidate_s
+        lines.append(
+            f"| {r.n:,} ({r.idle:,}) | {e.cycle_cpu_s or 0:.3f} | {r.ghostgpu.cycle_cpu_s or 0:.3f} | "
+            f"{'—' if per is None else f'{per * 1e3:.2f}'} | {_n(e.exec_calls)} | "
+            f"{_n(e.apiserver_requests)} | "
+            f"{'yes' if r.exec_states == r.states else f'no: {r.exec_states} vs {r.states}'} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -124,23 +150,47 @@ def targets(results: Sequence[SizeResult]) -> list[tuple[str, bool, str]]:
     )
     out.append(
         (
-            "exec calls only for utilization-idle candidates",
-            all(r.ghostgpu.exec_calls == r.idle for r in results),
-            ", ".join(f"N={r.n:,}: {r.ghostgpu.exec_calls:g} exec for {r.idle} idle" for r in results),
+            "agent mode: no exec",
+            all(r.ghostgpu.exec_calls == 0 for r in results),
+            ", ".join(f"N={r.n:,}: {r.ghostgpu.exec_calls:g} exec" for r in results),
         )
     )
     out.append(
         (
-            f"steady apiserver requests per poll <= idle candidates + {EXTRA_REQUESTS}",
-            all(r.ghostgpu.apiserver_requests <= r.idle + EXTRA_REQUESTS for r in results),
-            ", ".join(f"N={r.n:,}: {r.ghostgpu.apiserver_requests:g} for {r.idle} idle" for r in results),
+            f"agent mode: steady apiserver requests per poll <= {EXTRA_REQUESTS} + writes",
+            all(r.ghostgpu.apiserver_requests <= EXTRA_REQUESTS + (r.ghostgpu.writes or 0) for r in results),
+            ", ".join(
+                f"N={r.n:,}: {r.ghostgpu.apiserver_requests:g} with {r.ghostgpu.writes or 0:g} writes"
+                for r in results
+            ),
         )
     )
+    timed = [r for r in results if r.exec_mode is not None]
+    if timed:
+        out.append(
+            (
+                "agent mode and exec mode reach the same verdicts",
+                all(r.exec_states == r.states for r in timed),
+                ", ".join(f"N={r.n:,}: {r.states}" for r in timed),
+            )
+        )
+        out.append(
+            (
+                "exec mode: exec calls only for utilization-idle candidates",
+                all(r.exec_mode is not None and r.exec_mode.exec_calls == r.idle for r in timed),
+                ", ".join(
+                    f"N={r.n:,}: {r.exec_mode.exec_calls:g} exec for {r.idle} idle"
+                    for r in timed
+                    if r.exec_mode is not None
+                ),
+            )
+        )
     big = max(results, key=lambda r: r.n)
     g = big.ghostgpu
     out.append(
         (
-            f"CPU per poll-to-poll cycle at N={big.n:,} <= {FLOOR_RATIO_TARGET:g}x the floor of one poll",
+            f"agent mode: CPU per poll-to-poll cycle at N={big.n:,} <= {FLOOR_RATIO_TARGET:g}x "
+            "the floor of one poll",
             big.floor_ratio is not None and big.floor_ratio <= FLOOR_RATIO_TARGET,
             "no floor measured"
             if big.floor_ratio is None
@@ -150,7 +200,7 @@ def targets(results: Sequence[SizeResult]) -> list[tuple[str, bool, str]]:
     )
     out.append(
         (
-            f"peak RSS at N={big.n:,} <= {RSS_TARGET_MB:g} MB ({RSS_TARGET_MIB:.1f} MiB)",
+            f"agent mode: peak RSS at N={big.n:,} <= {RSS_TARGET_MB:g} MB ({RSS_TARGET_MIB:.1f} MiB)",
             g.peak_rss_mib <= RSS_TARGET_MIB,
             f"{g.peak_rss_mib * 2**20 / 1e6:.0f} MB ({g.peak_rss_mib:.0f} MiB)",
         )
@@ -204,7 +254,25 @@ def plot(results: Sequence[SizeResult], path: Path) -> None:
         mine = [getattr(r.ghostgpu, attr) for r in results]
         theirs = [getattr(r.naive, attr) for r in results]
         ax.plot(ns, theirs, "s--", color="tab:red", label="naive cron (baseline)")
-        ax.plot(ns, mine, "o-", color="tab:blue", label="ghostgpu")
+        execs = [(r.n, getattr(r.exec_mode, attr)) for r in results if r.exec_mode is not None]
+        if execs and attr != "prometheus_queries":  # one query in both modes: one line
+            ex, ey = zip(*execs, strict=True)
+            ax.plot(
+                ex,
+                [max(y, 0.5) if attr == "exec_calls" else y for y in ey],
+                "d-.",
+                color="tab:purple",
+                label="ghostgpu, exec mode",
+            )
+        if attr == "exec_calls":  # none in agent mode: drawn at 0.5 on the log axis, labelled
+            mine = [max(y, 0.5) for y in mine]
+        ax.plot(
+            ns,
+            mine,
+            "o-",
+            color="tab:blue",
+            label="ghostgpu, agent mode" + (" (0)" if attr == "exec_calls" else ""),
+        )
         for r, y in zip(results, theirs, strict=True):
             if r.naive.extrapolated_from and attr != "peak_rss_mib":  # RSS is measured, not scaled
                 ax.annotate("extrapolated", (r.n, y), textcoords="offset points", xytext=(-30, 6), fontsize=7)

@@ -237,22 +237,33 @@ def build_query(spec: QuerySpec, pods: Iterable[PodKey]) -> str:
     return " or ".join(parts)
 
 
-def every_signal_query(spec: QuerySpec, pods: Iterable[PodKey]) -> str:
-    """Every pod's reading, oldest sample time and GPU memory, unfiltered: three series per pod,
-    what a poll that reads every signal of every pod parses (build_query asks Prometheus for about
-    one). A fixed amount of work for `ghostgpu bench scale` to measure the machine's speed with,
-    whatever the controller's query asks."""
+def every_signal_query(spec: QuerySpec, pods: Iterable[PodKey], *, agent: bool = False) -> str:
+    """Every pod's reading, oldest sample time and GPU memory, unfiltered (three series per pod),
+    and with `agent` the node agent's series of every pod's GPU containers (the parts build_query
+    adds, asked for every pod rather than the utilization-idle ones): what a poll that reads every
+    signal of every pod parses (build_query asks Prometheus for about one series per pod). A fixed
+    amount of work for `ghostgpu bench scale` to measure the machine's speed with, whatever the
+    controller's query asks."""
     pods = list(pods)
     variables = _template_vars(spec, pods)
     sel = Template('{${namespace_label}=~"${namespaces}", ${pod_label}=~"${pods}"}').substitute(variables)
     by = f"{spec.namespace_label}, {spec.pod_label}"
+    util = f"max by ({by}) ({spec.metric}{sel})"
     parts = [
-        f'label_replace(max by ({by}) ({spec.metric}{sel}), "{FIELD_LABEL}", "util", "", "")',
+        f'label_replace({util}, "{FIELD_LABEL}", "util", "", "")',
         f'label_replace(min by ({by}) (timestamp({spec.metric}{sel})), "{FIELD_LABEL}", "ts", "", "")',
     ]
     if spec.framebuffer_metric:
         fb = f"sum by ({by}) ({spec.framebuffer_metric}{sel})"
         parts.append(f'label_replace({fb}, "{FIELD_LABEL}", "fb", "", "")')
+    if agent:
+        parts += query_parts(
+            variables["namespaces"],
+            util,  # every pod with a reading, not only the idle ones
+            namespace_label=spec.namespace_label,
+            pod_label=spec.pod_label,
+            field_label=FIELD_LABEL,
+        )
     return " or ".join(parts)
 
 

@@ -32,7 +32,7 @@ def test_cycle_cpu_counts_what_happens_between_polls() -> None:
 
 
 def _result(cpu: float, cycle: float | None, *, n: int = 10_000, floor: float | None = 0.1) -> SizeResult:
-    mine = Side(1.0, cpu, 200.0, 1, 3, 1, 3, cycle_cpu_s=cycle)
+    mine = Side(1.0, cpu, 200.0, 1, 2, 0, 3, cycle_cpu_s=cycle, writes=0)
     naive = Side(10.0, 9.0, 100.0, 100, 100, 100, 2)
     return SizeResult(n=n, idle=1, nodes=1, ghostgpu=mine, naive=naive, floor_s=floor)
 
@@ -42,23 +42,51 @@ def _met(results: list[SizeResult]) -> dict[str, bool]:
 
 
 def test_cpu_is_judged_against_the_same_runs_floor_per_cycle() -> None:
-    assert _met([_result(0.5, 0.9, floor=0.1)])["CPU per poll-to-poll cycle"] is True  # 9x
+    assert _met([_result(0.5, 0.9, floor=0.1)])["agent mode: CPU per poll-to-poll cycle"] is True  # 9x
     # a cheap poll with costly work between polls is not met: the cycle is what counts
-    assert _met([_result(0.5, 1.2, floor=0.1)])["CPU per poll-to-poll cycle"] is False
+    assert _met([_result(0.5, 1.2, floor=0.1)])["agent mode: CPU per poll-to-poll cycle"] is False
     # the same seconds on a machine twice as slow (floor twice as large) meet it
-    assert _met([_result(1.0, 1.2, floor=0.2)])["CPU per poll-to-poll cycle"] is True
-    assert _met([_result(0.5, 0.6, floor=None)])["CPU per poll-to-poll cycle"] is False  # nothing to judge
+    assert _met([_result(1.0, 1.2, floor=0.2)])["agent mode: CPU per poll-to-poll cycle"] is True
+    assert _met([_result(0.5, 0.6, floor=None)])["agent mode: CPU per poll-to-poll cycle"] is False  # nothing to judge
     # the earlier absolute line at N = 10,000 is kept as a no-regression check
     assert _met([_result(0.8, 1.2, floor=1.0)])["no regression"] is False
     table = markdown([_result(0.8, 0.9)])
     assert "| 0.800 | 0.900 |" in table and "| 9.000 | — |" in table
 
 
-def test_steady_requests_are_bounded_by_the_idle_candidates() -> None:
+def test_agent_modes_steady_requests_are_bounded_by_its_writes_and_it_never_execs() -> None:
+    key = "agent mode: steady apiserver requests per poll <= 5 + writes"
     res = _result(0.5, 0.5)
-    assert _met([res])["steady apiserver requests per poll <= idle candidates + 5"] is True  # 3 for 1 idle
+    assert _met([res])[key] is True and _met([res])["agent mode: no exec"] is True  # 2 requests
     res.ghostgpu.apiserver_requests = 7
-    assert _met([res])["steady apiserver requests per poll <= idle candidates + 5"] is False
+    assert _met([res])[key] is False
+    res.ghostgpu.writes = 2  # a poll that wrote two verdicts may send two more
+    assert _met([res])[key] is True
+    res.ghostgpu.exec_calls = 1
+    assert _met([res])["agent mode: no exec"] is False
+
+
+def test_exec_mode_is_judged_per_idle_candidate_and_must_reach_the_same_verdicts() -> None:
+    from ghostgpu.scale.report import exec_markdown
+
+    res = _result(0.5, 0.5)
+    res.idle = 100
+    res.states = {"ACTIVE": 9900, "FINISHED_IDLE": 100}
+    res.exec_mode = Side(2.0, 0.7, 210.0, 1, 102, 100, 3, cycle_cpu_s=0.75, writes=0)
+    res.exec_states = dict(res.states)
+    # (0.75 - 0.5) s over 100 candidates: 2.5 ms each
+    assert res.exec_cpu_per_candidate_s is not None and abs(res.exec_cpu_per_candidate_s - 0.0025) < 1e-12
+    assert "| 10,000 (100) | 0.750 | 0.500 | 2.50 | 100 | 102 | yes |" in exec_markdown([res])
+    met = _met([res])
+    assert met["agent mode and exec mode reach the same verdicts"]
+    assert met["exec mode: exec calls only for utilization-idle candidates"]
+    res.exec_states = {"ACTIVE": 9900, "UNKNOWN": 100}
+    res.exec_mode.exec_calls = 99
+    met = _met([res])
+    assert not met["agent mode and exec mode reach the same verdicts"]
+    assert not met["exec mode: exec calls only for utilization-idle candidates"]
+    assert "no: " in exec_markdown([res])
+    assert "ghostgpu, exec mode" in markdown([res])
 
 
 def test_floor_parses_and_maps_every_sample() -> None:
@@ -167,13 +195,16 @@ def test_the_saved_json_keeps_every_poll_and_reads_back() -> None:
     for r in old["results"]:  # a JSON saved before the rows were kept still reads
         del r["polls"], r["startup"]
     assert from_json(old)[0].polls == []
+    res.exec_mode = Side(2.0, 0.7, 210.0, 1, 102, 100, 3, cycle_cpu_s=0.75, writes=0)
+    back = from_json(json.loads(json.dumps(to_json([res], BenchConfig()))))
+    assert back[0].exec_mode == res.exec_mode
 
 
 def test_rss_target_is_300_decimal_megabytes() -> None:
     def rss_met(mib: float) -> bool:
         res = _result(0.5, 0.5)
         res.ghostgpu.peak_rss_mib = mib
-        return _met([res])["peak RSS"]
+        return _met([res])["agent mode: peak RSS"]
 
     assert rss_met(286.0) and not rss_met(287.0), "300 MB is 286.1 MiB, not 300 MiB"
 
@@ -191,3 +222,17 @@ def test_the_audited_budget_target_allows_one_request_of_network_jitter() -> Non
         ]
 
     assert met(30.4) and met(31.0) and not met(32.5)
+
+
+def test_the_floor_asks_every_pods_agent_series_not_only_the_idle_ones() -> None:
+    from ghostgpu.signals.agent import PROCESSES_METRIC, PROGRAM_METRIC, SCAN_METRIC, UNSEEN_METRIC
+    from ghostgpu.signals.utilization import PodKey, QuerySpec, build_query, every_signal_query
+
+    spec = QuerySpec(metric="DCGM_FI_DEV_GPU_UTIL", agent_processes=True)
+    pods = [PodKey("scale-00", "g00000"), PodKey("scale-01", "g00001")]
+    plain, full = every_signal_query(spec, pods), every_signal_query(spec, pods, agent=True)
+    assert PROCESSES_METRIC not in plain
+    for metric in (PROCESSES_METRIC, PROGRAM_METRIC, SCAN_METRIC, UNSEEN_METRIC):
+        assert metric in full
+    # the controller's own query joins the agent's series on the pods at zero; the floor on all
+    assert "<= 0" in build_query(spec, pods) and "<= 0" not in full
