@@ -27,6 +27,7 @@ from typing import Any, ClassVar
 import httpx
 import pytest
 import yaml
+from cli_runs import restore
 from kubernetes import client
 from proctables import FINISHED, GAP, LIVE, NOTEBOOK, PERIODIC, ZOMBIE, rows
 
@@ -423,20 +424,13 @@ def test_shadow_then_enforce_then_restore(
 
     # Restore brings them back.
     for name in ("finished-a", "zombie"):
-        out = subprocess.run(
-            [sys.executable, "-m", "ghostgpu.cli", "restore", f"{sc.kind(name).lower()}/{name}", "-n", sc.ns,
-             "--kubeconfig", str(devcluster.kubeconfig)],
-            capture_output=True, text=True, check=True, cwd=REPO,
-        )  # fmt: skip
+        out = restore(devcluster, f"{sc.kind(name).lower()}/{name}", sc.ns)
+        assert out.returncode == 0, out.stderr
         assert "to 1 replicas" in out.stdout
         assert sc.replicas(name) == 1
         assert "ghostgpu.io/reclaimed-from-replicas" not in sc.annotations(name)
         wait_for(lambda n=name: sc.running_pod(n), 60, f"{name} running again")
-    again = subprocess.run(
-        [sys.executable, "-m", "ghostgpu.cli", "restore", "deployment/finished-a", "-n", sc.ns,
-         "--kubeconfig", str(devcluster.kubeconfig)],
-        capture_output=True, text=True, cwd=REPO,
-    )  # fmt: skip
+    again = restore(devcluster, "deployment/finished-a", sc.ns)
     assert again.returncode == 1 and "not reclaimed" in again.stderr
 
 
@@ -792,11 +786,7 @@ def test_unwritable_deployment_is_reclaimed_via_the_ledger_and_restored(
     finally:
         controller.stop()
     try:
-        out = subprocess.run(
-            [sys.executable, "-m", "ghostgpu.cli", "restore", "deployment/legacy-ghost", "-n", ns,
-             "--kubeconfig", str(devcluster.kubeconfig)],
-            capture_output=True, text=True, cwd=REPO,
-        )  # fmt: skip
+        out = restore(devcluster, "deployment/legacy-ghost", ns)
         assert out.returncode == 0, out.stderr
         assert "to 1 replicas" in out.stdout
         assert sc.replicas("legacy-ghost") == 1
@@ -806,11 +796,7 @@ def test_unwritable_deployment_is_reclaimed_via_the_ledger_and_restored(
         new_pod = wait_for(lambda: sc.running_pod("legacy-ghost"), 90, "legacy-ghost running again")
         assert new_pod != sc.pods["legacy-ghost"]
         assert (sc.core.read_namespaced_pod(new_pod, ns).metadata.labels or {}).get(QUEUE_LABEL) == "default"
-        again = subprocess.run(
-            [sys.executable, "-m", "ghostgpu.cli", "restore", "deployment/legacy-ghost", "-n", ns,
-             "--kubeconfig", str(devcluster.kubeconfig)],
-            capture_output=True, text=True, cwd=REPO,
-        )  # fmt: skip
+        again = restore(devcluster, "deployment/legacy-ghost", ns)
         assert again.returncode == 1 and "not reclaimed" in again.stderr
     finally:
         kube.delete("kueue.x-k8s.io/v1beta2", "LocalQueue", "default", ns)

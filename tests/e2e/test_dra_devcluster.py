@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -27,8 +25,10 @@ from typing import Any
 
 import pytest
 import yaml
+from cli_runs import restore, run_cli
 from kubernetes import client
 from proctables import FINISHED, LIVE
+from reservation_config import reservation_section
 from test_controller import LEASE_NS, Controller, wait_for
 
 from ghostgpu.config import load_config
@@ -180,23 +180,8 @@ class DraEnv:
 
     def status(self) -> dict[str, dict[str, Any]]:
         """`ghostgpu status --json` with CONFIG, by flavor."""
-        out = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "ghostgpu.cli",
-                "status",
-                "--json",
-                "--kubeconfig",
-                str(self.dc.kubeconfig),
-                "--config",
-                str(self.config),
-            ],
-            capture_output=True,
-            text=True,
-            check=True,
-            cwd=REPO,
-        )
+        out = run_cli(self.dc, "status", "--json", "--config", str(self.config))
+        assert out.returncode == 0, out.stderr
         return {a["flavor"]: a for a in json.loads(out.stdout)}
 
     def workloads(self, ns: str | None = None, selector: str = "") -> list[dict[str, Any]]:
@@ -292,19 +277,8 @@ def env(
         _wait_until_dra_tracking_is_live(devcluster)
         kube.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": LEASE_NS}})
         cfg = dict(CONFIG)
-        cfg["controller"] = {
-            "mode": "enforce",
-            "processSource": "exec",
-            "reservation": "enforce",
-            "reservationQueue": QUEUE,
-            "leaseName": f"ghostgpu-{uuid.uuid4().hex[:8]}",
-            "pollInterval": f"{POLL}s",
-            "window": 3,
-            "longWindow": 7,
-            "startupGrace": "1s",
-            "staleAfter": "30s",
-            "prometheus": {"url": devcluster.state.prometheus_url, "timeout": "5s"},
-        }
+        section = reservation_section(devcluster.state.prometheus_url, queue=QUEUE, poll_s=POLL)
+        cfg["controller"] = {**section, "processSource": "exec"}
         path.write_text(yaml.safe_dump(json.loads(json.dumps(cfg))))
         print(f"DRA nodes, classes, slices, policy and Kueue objects in {time.monotonic() - t0:.1f}s")
         yield DraEnv(devcluster, path, files, [n.name for n in nodes])
@@ -704,11 +678,7 @@ def test_dra_deployment_counted_reserved_reclaimed_and_restored(
         ctl.stop()
         env.delete_job(ns, "big")
 
-    out = subprocess.run(
-        [sys.executable, "-m", "ghostgpu.cli", "restore", "deployment/dra-x", "-n", ns,
-         "--kubeconfig", str(devcluster.kubeconfig)],
-        capture_output=True, text=True, cwd=REPO,
-    )  # fmt: skip
+    out = restore(devcluster, "deployment/dra-x", ns)
     assert out.returncode == 0, out.stderr
     [pod] = wait_for(lambda: env.running(ns, "dra-x"), 60, "dra-x restored and running")
     [claim] = env.claims_of(pod)

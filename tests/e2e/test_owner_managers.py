@@ -24,7 +24,6 @@ from __future__ import annotations
 import asyncio
 import json
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
@@ -32,6 +31,7 @@ from typing import Any
 
 import pytest
 import yaml
+from cli_runs import restore
 from kubernetes import client
 from owner_double import STOP_ANNOTATION, NotebookControllerDouble
 from proctables import FINISHED
@@ -65,14 +65,6 @@ GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSc
 
 def kuberay_dir() -> Path:
     return cache_root() / f"kuberay-{read_versions()['KUBERAY_VERSION']}"
-
-
-def restore(dc: DevCluster, target: str, ns: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "ghostgpu.cli", "restore", target, "-n", ns,
-         "--kubeconfig", str(dc.kubeconfig)],
-        capture_output=True, text=True, cwd=REPO,
-    )  # fmt: skip
 
 
 def events(dc: DevCluster, ns: str, name: str, reason: str, kind: str | None = None) -> int:

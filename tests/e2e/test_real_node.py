@@ -27,6 +27,7 @@ from typing import Any
 import kr8s.asyncio
 import pytest
 import yaml
+from cli_runs import restore
 from kubernetes import client
 from kubernetes.stream import stream
 from test_controller import REPO, Controller, controller_config, opt_in, wait_for
@@ -557,11 +558,7 @@ def test_shadow_verdicts_then_enforce_then_restore(
         enforce.stop()
 
     for name in sorted(RECLAIMABLE):
-        out = subprocess.run(
-            [sys.executable, "-m", "ghostgpu.cli", "restore", f"deployment/{name}", "-n", fleet.ns,
-             "--kubeconfig", str(devcluster.kubeconfig)],
-            capture_output=True, text=True, cwd=REPO, check=False,
-        )  # fmt: skip
+        out = restore(devcluster, f"deployment/{name}", fleet.ns)
         assert out.returncode == 0 and "to 1 replicas" in out.stdout, out.stderr
     for shape in SHAPES:
         if shape.name in RECLAIMABLE:

@@ -32,6 +32,7 @@ import pytest
 import yaml
 from kubernetes import client
 from proctables import FINISHED, LIVE
+from reservation_config import reservation_section
 from test_controller import LEASE_NS, Controller, deployment, wait_for
 
 from ghostgpu.controller.books.reservation import Reservation, placeholder_object
@@ -50,18 +51,7 @@ PLACEHOLDERS = "ghostgpu.io/reservation=true"
 
 def config(tmp: Path, prometheus_url: str, reservation: str, mode: str = "enforce") -> Path:
     """The controller section alone: flavors are discovered from Kueue (the test's own)."""
-    cfg = {
-        "mode": mode,
-        "reservation": reservation,
-        "reservationQueue": QUEUE,
-        "leaseName": f"ghostgpu-{uuid.uuid4().hex[:8]}",
-        "pollInterval": f"{POLL}s",
-        "window": 3,
-        "longWindow": 7,
-        "startupGrace": "1s",
-        "staleAfter": "30s",
-        "prometheus": {"url": prometheus_url, "timeout": "5s"},
-    }
+    cfg = reservation_section(prometheus_url, queue=QUEUE, poll_s=POLL, reservation=reservation, mode=mode)
     path = tmp / f"controller-{reservation}.yaml"
     path.write_text(yaml.safe_dump(cfg))
     return path
