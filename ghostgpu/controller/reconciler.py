@@ -120,8 +120,10 @@ class Reconciler:
             await self.records.prune(self.cluster, snap.workloads, now)
         else:
             # Only the leader keeps the books: a replica that lost the lease must not go on
-            # exporting its last owner kinds beside the new leader's (the panel takes `max by`).
+            # exporting its last owner kinds and ghost GPUs beside the new leader's (the panels
+            # take `max by`; a sum over the replicas would count them twice).
             self.metrics.set_owner_kinds(())
+            self.metrics.set_ghosts({})
         result.duration = time.monotonic() - t0
         self.metrics.poll_duration.observe(result.duration)
         self.metrics.set_workload_states(result.states)

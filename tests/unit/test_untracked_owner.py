@@ -341,7 +341,21 @@ async def test_the_leaders_books_export_the_owner_kinds_and_drop_a_kind_that_sto
     assert gauge("RayJob", "true") == 8.0 and gauge("Job", "false") is None
     assert exposed() == ['ghostgpu_owner_kind_outside_kueue_gpus{owner_kind="RayJob",stoppable="true"} 8.0']
 
-    # A replica that lost the lease stops exporting them (the new leader does).
+    # The ghost gauge holds the same GPUs (the RayCluster's 8 as untracked holders' of the namespace).
+    ghosts = [
+        ln
+        for ln in generate_latest(metrics.registry).decode().splitlines()
+        if ln.startswith("ghostgpu_ghost_gpus{")
+    ]
+    assert ghosts, "the leader exports ghost GPUs"
+
+    # A replica that lost the lease stops exporting them, and its ghost GPUs (the new leader does).
     leader = False
     await rec.poll_once(snapshot({}, ray + jobs, managers={rc.ref: rc, rj.ref: rj}))
     assert exposed() == []
+    ghosts = [
+        ln
+        for ln in generate_latest(metrics.registry).decode().splitlines()
+        if ln.startswith("ghostgpu_ghost_gpus{")
+    ]
+    assert ghosts == []
