@@ -55,7 +55,7 @@ from ghostgpu.controller.leader import LeaderElector
 from ghostgpu.controller.ledger import ReplicaLedger
 from ghostgpu.controller.managers import ManagerInformers
 from ghostgpu.controller.metrics import ControllerMetrics
-from ghostgpu.controller.reconciler import PollResult, Reconciler, Snapshot, accounting_from
+from ghostgpu.controller.reconciler import PollResult, Reconciler, Snapshot, accounting_from, untracked_of
 from ghostgpu.controller.server import HealthServer
 from ghostgpu.controller.slices import DraCapacity, slice_view
 from ghostgpu.signals.agent import AgentProcessSource, AgentSeries
@@ -438,7 +438,9 @@ async def run_controller(
                     cqs = await cluster.list(CLUSTERQUEUES)
                 except Exception:
                     cqs = []  # no Kueue (yet): the gap is still measured against the nodes
-                accounts = accounting_from(flavors or [], snap, cqs, result.judged, result.pods_of)
+                accounts = accounting_from(
+                    flavors or [], snap, cqs, result.judged, result.pods_of, untracked_of(snap, result)
+                )
                 if cfg.reservation != "off":
                     await reserve(
                         reservations, reservation_metrics, flavors or [], snap, cqs, result, accounts,

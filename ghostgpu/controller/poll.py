@@ -66,6 +66,9 @@ class PollResult:
     accounts: list[FlavorAccount] = field(default_factory=list)
     # The poll's opted-in workloads and their pods, for accounting_from (computed once per poll).
     pods_of: dict[WorkloadRef, list[PodView]] | None = None
+    # The GPU pods no such workload holds, by holder (books.untracked_of: computed once per poll,
+    # read by the ghost gauge, the owner kinds, the accounting and the reservation).
+    untracked: dict[WorkloadRef, list[PodView]] | None = None
 
 
 # Outcomes of a reclaim that stops pods (the settle skip, the Kueue nudge).

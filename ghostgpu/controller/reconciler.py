@@ -28,7 +28,7 @@ from ghostgpu.config import ControllerConfig
 from ghostgpu.controller.act.actor import Actor
 from ghostgpu.controller.act.gitops import GitOpsPreflight
 from ghostgpu.controller.act.stopping import Stopper
-from ghostgpu.controller.books.books import Books, accounting_from, outside_kueue_buckets
+from ghostgpu.controller.books.books import Books, accounting_from, outside_kueue_buckets, untracked_of
 from ghostgpu.controller.books.decisions import DecisionLog
 from ghostgpu.controller.inventory import WorkloadRef
 from ghostgpu.controller.judge.judge import Judge
@@ -148,4 +148,5 @@ __all__ = [
     "Snapshot",
     "accounting_from",
     "outside_kueue_buckets",
+    "untracked_of",
 ]

@@ -359,3 +359,42 @@ async def test_the_leaders_books_export_the_owner_kinds_and_drop_a_kind_that_sto
         if ln.startswith("ghostgpu_ghost_gpus{")
     ]
     assert ghosts == []
+
+
+async def test_a_poll_finds_its_untracked_holders_once_for_every_reader(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The ghost gauge, the owner kinds, the accounting and the reservation read one computation."""
+    import ghostgpu.controller.books.books as books
+
+    calls = 0
+    real = books.untracked_holders
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        nonlocal calls
+        calls += 1
+        return real(*args, **kwargs)
+
+    import ghostgpu.controller.books.reservation as reservation
+
+    monkeypatch.setattr(books, "untracked_holders", counted)
+    monkeypatch.setattr(reservation, "untracked_holders", counted)
+    rec = Reconciler(
+        ControllerConfig.model_validate({"mode": "shadow", "window": 3, "startupGrace": "1s"}),
+        cluster=RecordingCluster(),  # type: ignore[arg-type]
+        utilization=Idle(),  # type: ignore[arg-type]
+        processes=ExecProcessSource(Finished(), concurrency=2),
+        files=FileArtifactProbe(Finished()),
+        s3=None,
+        metrics=ControllerMetrics(),
+        decision_log=DecisionLog(tmp_path / "d.jsonl"),
+        clock=lambda: 1_800_000_000.0,
+    )
+    snap = snapshot({}, [pod("train-b", ("Job", "train"), gpus="2")])
+    result = await rec.poll_once(snap)  # the leader's books: ghost gauge and owner kinds
+    [acc] = accounting_from(
+        [H100], snap, [CQ], result.judged, result.pods_of, books.untracked_of(snap, result)
+    )
+    desired_from([H100], snap, [CQ], [], local_queue="default", untracked=books.untracked_of(snap, result))
+    assert calls == 1
+    assert acc.outside_kueue.get(UNTRACKED_OWNER) == 2.0

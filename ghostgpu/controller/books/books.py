@@ -96,8 +96,8 @@ class Books:
                     if reclaimable:
                         self.metrics.gpu_hours_reclaimable.labels(ref.namespace, flavor).inc(gpus * hours)
         # GPUs no workload accounts for are held as surely: in the totals, never reclaimable.
+        untracked = untracked_of(snap, result)
         pods_of = result.pods_of if result.pods_of is not None else opted_in_pods_of(snap)
-        untracked = untracked_holders(snap.pods, snap.namespaces, pods_of, snap.holder_of)
         for holder, pods in untracked.items():
             for pod in pods:
                 for flavor, gpus in by_flavor(pod):
@@ -192,20 +192,32 @@ def opted_in_pods_of(snap: Snapshot) -> dict[WorkloadRef, list[PodView]]:
     return pods_by_workload(workloads, snap.pods, snap.top_of)
 
 
+def untracked_of(snap: Snapshot, result: PollResult) -> dict[WorkloadRef, list[PodView]]:
+    """The poll's untracked holders (untracked.py), computed on first use and kept on its result."""
+    if result.untracked is None:
+        pods_of = result.pods_of if result.pods_of is not None else opted_in_pods_of(snap)
+        result.untracked = untracked_holders(snap.pods, snap.namespaces, pods_of, snap.holder_of)
+    return result.untracked
+
+
 def accounting_from(
     flavors: Sequence[FlavorSpec],
     snap: Snapshot,
     cluster_queues: Sequence[Mapping[str, Any]],
     judged: Mapping[WorkloadRef, Judged] | None = None,
     pods_of: Mapping[WorkloadRef, list[PodView]] | None = None,
+    untracked: Mapping[WorkloadRef, Sequence[PodView]] | None = None,
 ) -> list[FlavorAccount]:
-    """`pods_of`: the poll's PollResult.pods_of (the same snapshot), else computed here."""
+    """`pods_of`, `untracked`: the poll's PollResult.pods_of and untracked_of (the same snapshot),
+    else computed here."""
     opted_in = snap.opted_in()
     workloads = {ref: wl for ref, wl in snap.workloads.items() if ref.namespace in opted_in}
     if pods_of is None:
         pods_of = opted_in_pods_of(snap)
     buckets = outside_kueue_buckets(judged or {}, workloads, pods_of)
-    for pods in untracked_holders(snap.pods, snap.namespaces, pods_of, snap.holder_of).values():
+    if untracked is None:
+        untracked = untracked_holders(snap.pods, snap.namespaces, pods_of, snap.holder_of)
+    for pods in untracked.values():
         for pod in pods:
             buckets[(pod.namespace, pod.name)] = UNTRACKED_OWNER
     return account(flavors, snap.nodes, snap.pods, cluster_queues, buckets, snap.dra_capacity)

@@ -16,6 +16,7 @@ from typing import Any
 from kr8s._exceptions import ServerError
 
 from ghostgpu.controller.books.accounting import FlavorSpec
+from ghostgpu.controller.books.books import untracked_of
 from ghostgpu.controller.books.reservation import (
     FIELD_MANAGER,
     LOCALQUEUES,
@@ -61,7 +62,13 @@ async def reserve(
     try:
         lqs = await reservations.local_queues()
         desired = desired_from(
-            flavors, snap, cqs, lqs, local_queue=reservations.local_queue, pods_of=result.pods_of
+            flavors,
+            snap,
+            cqs,
+            lqs,
+            local_queue=reservations.local_queue,
+            pods_of=result.pods_of,
+            untracked=untracked_of(snap, result),
         )
         report = await reservations.reconcile(
             desired,

@@ -412,8 +412,10 @@ def desired_from(
     *,
     local_queue: str,
     pods_of: Mapping[WorkloadRef, Sequence[PodView]] | None = None,
+    untracked: Mapping[WorkloadRef, Sequence[PodView]] | None = None,
 ) -> list[Reservation]:
-    """desired_reservations over a reconciler.Snapshot and the listed Kueue objects."""
+    """desired_reservations over a reconciler.Snapshot and the listed Kueue objects; `pods_of` and
+    `untracked`: the poll's (PollResult.pods_of, books.untracked_of), else computed here."""
     if pods_of is None:
         from ghostgpu.controller.inventory import pods_by_workload
 
@@ -423,7 +425,8 @@ def desired_from(
             snap.pods,
             getattr(snap, "top_of", None),
         )
-    untracked = untracked_holders(snap.pods, snap.namespaces, pods_of, getattr(snap, "holder_of", None))
+    if untracked is None:
+        untracked = untracked_holders(snap.pods, snap.namespaces, pods_of, getattr(snap, "holder_of", None))
     return desired_reservations(
         flavors,
         snap.namespaces,
