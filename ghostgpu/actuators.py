@@ -485,3 +485,24 @@ def gpu_cel(a: Actuator, resources_cel: str) -> str:
     bare = f"{resources_cel}.exists(r, r in c.?limits.orValue({{}}) || r in c.?requests.orValue({{}}))"
     parts += [_cel_for(p, bare, single=True) for p in a.resources]
     return " || ".join(parts) if parts else "false"
+
+
+# Container lists live in a PodSpec: their parent is where the pod names its ResourceClaims.
+_POD_SPEC_LISTS = ("containers", "initContainers")
+
+
+def pod_spec_pointers(a: Actuator) -> list[str]:
+    """The pod specs of this kind's templates: the parents of its container lists, in table order.
+    A single container (`container`) or bare requirements (`resources`) name no pod spec."""
+    out: list[str] = []
+    for p in a.containers:
+        parent, _, last = p.rpartition("/")
+        if last in _POD_SPEC_LISTS and parent and parent not in out:
+            out.append(parent)
+    return out
+
+
+def claim_cel(a: Actuator, claim: str) -> str:
+    """True when a `resourceClaims` entry (`c`) of one of this kind's pod specs satisfies `claim`."""
+    parts = [_cel_for(f"{s}/resourceClaims", claim, single=False) for s in pod_spec_pointers(a)]
+    return " || ".join(parts) if parts else "false"

@@ -25,7 +25,7 @@ import jinja2
 import yaml
 
 from ghostgpu import config as c
-from ghostgpu.actuators import ActuatorTable, gpu_cel
+from ghostgpu.actuators import ActuatorTable, claim_cel, gpu_cel, pod_spec_pointers
 from ghostgpu.resources import templates_dir
 
 BUNDLES = ("policies", "kueue", "controller")
@@ -164,11 +164,6 @@ def _dra_cel_variables(classes: Sequence[str]) -> list[dict[str, str]]:
     outlives them, so stopping them frees no device."""
     if not classes:
         return []
-    gpu_class = "in variables.gpuDeviceClasses"
-    request_gpu = (
-        f"r.?exactly.?deviceClassName.orValue('') {gpu_class}"
-        f" || r.?firstAvailable.orValue([]).exists(a, a.?deviceClassName.orValue('') {gpu_class})"
-    )
     return [
         {"name": "gpuDeviceClasses", "expression": cel(list(classes))},
         {
@@ -182,12 +177,24 @@ def _dra_cel_variables(classes: Sequence[str]) -> list[dict[str, str]]:
             "name": "claimsGpu",
             "expression": (
                 "size(variables.claimTemplates) > 0 && "
-                f"dyn(resource.List({cel(RESOURCE_API_VERSION)}, 'resourceclaimtemplates', "
-                "object.metadata.namespace).items).exists(t, t.metadata.name in variables.claimTemplates"
-                f" && t.spec.spec.?devices.?requests.orValue([]).exists(r, {request_gpu}))"
+                f"{_LIST_TEMPLATES}.exists(t, t.metadata.name in variables.claimTemplates && {_TEMPLATE_GPU})"
             ),
         },
     ]
+
+
+# Kyverno's lookup of the ResourceClaimTemplates in the object's namespace, and the test that one
+# (`t`) requests a device of a GPU class, exactly or as one of its firstAvailable choices.
+_LIST_TEMPLATES = (
+    f"dyn(resource.List({cel(RESOURCE_API_VERSION)}, 'resourceclaimtemplates', "
+    "object.metadata.namespace).items)"
+)
+_GPU_CLASS = "in variables.gpuDeviceClasses"
+_TEMPLATE_GPU = (
+    "t.spec.spec.?devices.?requests.orValue([]).exists(r, "
+    f"r.?exactly.?deviceClassName.orValue('') {_GPU_CLASS}"
+    f" || r.?firstAvailable.orValue([]).exists(a, a.?deviceClassName.orValue('') {_GPU_CLASS}))"
+)
 
 
 # matchConditions cannot see variables: the cheap half of `claimsGpu` (no lookup) spelled out.
@@ -195,6 +202,7 @@ _NAMES_CLAIM_TEMPLATE = (
     "(has(object.spec.template) ? object.spec.template.spec : object.spec).?resourceClaims.orValue([])"
     ".exists(c, has(c.resourceClaimTemplateName))"
 )
+_NAMES_ANY = "has(c.resourceClaimTemplateName)"
 
 
 def _manager_gpu(table: ActuatorTable, resources_cel: str) -> str:
@@ -202,6 +210,36 @@ def _manager_gpu(table: ActuatorTable, resources_cel: str) -> str:
     requests a GPU (actuators.gpu_cel, from the same pointers the controller counts GPUs at)."""
     parts = [f"(object.kind == {cel(a.kind)} && ({gpu_cel(a, resources_cel)}))" for a in table.tracked()]
     return " || ".join(parts) if parts else "false"
+
+
+def _manager_claims(table: ActuatorTable, claim: str) -> str:
+    """CEL: the object is one of the manager kinds and a `resourceClaims` entry (`c`) of one of its
+    pod specs (actuators.claim_cel, the pod templates of gpu_cel's pointers) satisfies `claim`;
+    empty when no tracked kind has a pod spec."""
+    kinds = [a for a in table.tracked() if pod_spec_pointers(a)]
+    parts = [f"(object.kind == {cel(a.kind)} && ({claim_cel(a, claim)}))" for a in kinds]
+    return " || ".join(parts)
+
+
+def _manager_dra_variables(table: ActuatorTable, dra: bool) -> list[dict[str, str]]:
+    """`managerClaimsGpu`: a pod template of a manager kind (RayCluster, JobSet, ...) names a
+    ResourceClaimTemplate of a GPU class, looked up like a Deployment's (`claimsGpu`)."""
+    names_any = _manager_claims(table, _NAMES_ANY)
+    if not dra or not names_any:
+        return []
+    names_t = _manager_claims(table, "c.?resourceClaimTemplateName.orValue('') == t.metadata.name")
+    return [
+        {
+            "name": "managerClaimsGpu",
+            "expression": f"({names_any}) && {_LIST_TEMPLATES}.exists(t, ({names_t}) && {_TEMPLATE_GPU})",
+        }
+    ]
+
+
+def _names_claim_template(table: ActuatorTable) -> str:
+    """matchConditions' spelling of 'some pod (template) names a ResourceClaimTemplate'."""
+    managers = _manager_claims(table, _NAMES_ANY)
+    return f"{_NAMES_CLAIM_TEMPLATE} || {managers}" if managers else _NAMES_CLAIM_TEMPLATE
 
 
 def _manager_rules(table: ActuatorTable) -> list[dict[str, Any]]:
@@ -216,10 +254,11 @@ def _tracking_condition(table: ActuatorTable, dra: bool = False) -> str:
     """True when the object should carry ghostgpu.io/tracked=true (DESIGN §3): a GPU Deployment,
     StatefulSet or bare Pod, or a GPU object of a manager kind (RayCluster, Notebook, ...).
 
-    With DRA device classes a Deployment, StatefulSet or bare Pod whose pods claim a GPU through a
-    ResourceClaimTemplate counts too. That test looks templates up, so it comes last, after the
-    label and owner tests, so that Kueue's pods and controller-owned pods need no lookup (CEL's
-    && and || stop at the first operand that decides)."""
+    With DRA device classes a Deployment, StatefulSet, bare Pod or manager-kind object whose pods
+    claim a GPU through a ResourceClaimTemplate counts too. Those tests look templates up, so they
+    come last, after the label, owner and resource tests, so that Kueue's pods, controller-owned
+    pods and labelled objects need no lookup (CEL's && and || stop at the first operand that
+    decides; Kyverno evaluates a variable only when it is read)."""
     unmanaged = (
         f"!({cel(c.KUEUE_QUEUE_LABEL)} in variables.labels)"
         f" && variables.labels[?{cel(c.KUEUE_MANAGED_LABEL)}].orValue('') != 'true'"
@@ -227,6 +266,8 @@ def _tracking_condition(table: ActuatorTable, dra: bool = False) -> str:
         f" && variables.labels[?{cel(c.TRACKED_LABEL)}].orValue('') != 'true'"
     )
     manager = _manager_gpu(table, "variables.gpuResources")
+    if _manager_dra_variables(table, dra):
+        manager += " || variables.managerClaimsGpu"
     if not dra:
         return (
             f"(object.kind in ['Pod', 'Deployment', 'StatefulSet'] && variables.requestsGpu || {manager})"
@@ -267,7 +308,8 @@ def _policies_context(cfg: c.GhostgpuConfig) -> dict[str, Any]:
         "gpu_variables": _gpu_cel_variables(gpu_resources, dra_classes),
         "tracking_condition": _tracking_condition(table, dra=bool(dra_classes)),
         "dra_classes": dra_classes,
-        "names_claim_template": _NAMES_CLAIM_TEMPLATE,
+        "names_claim_template": _names_claim_template(table),
+        "tracking_variables": _manager_dra_variables(table, bool(dra_classes)),
         "manager_gpu": _manager_gpu(table, cel(gpu_resources)),
         "manager_rules": _manager_rules(table),
         "manager_kinds": [a.kind for a in table.tracked()],

@@ -10,6 +10,7 @@ import pytest
 import yaml
 from test_config import MINIMAL
 
+from ghostgpu.actuators import ActuatorTable, claim_cel, pod_spec_pointers
 from ghostgpu.config import ConfigError, load_config, load_config_text, load_default_config
 from ghostgpu.render import render_bundles
 
@@ -248,6 +249,56 @@ def test_the_tracking_policy_looks_up_resource_claim_templates_of_the_gpu_classe
     assert should.index("variables.claimsGpu") > should.index("kueue.x-k8s.io/managed")
     [match] = policy["spec"]["matchConditions"]
     assert "has(c.resourceClaimTemplateName)" in match["expression"]
+
+
+def test_manager_kinds_whose_pod_templates_name_a_gpu_claim_template_are_tracked() -> None:
+    policy = tracking_policy(DRA)
+    variables = {v["name"]: v["expression"] for v in policy["spec"]["variables"]}
+    claims = variables["managerClaimsGpu"]
+    # The same lookup and GPU-class test as a Deployment's, at the pod specs of gpu_cel's pointers.
+    assert claims.count("resource.List('resource.k8s.io/v1', 'resourceclaimtemplates'") == 1
+    assert claims.split(".exists(t, ", 1)[1].endswith(variables["claimsGpu"].split(" && t.spec.spec", 1)[1])
+    table = ActuatorTable()
+    for a in table.tracked():
+        for spec in pod_spec_pointers(a):
+            path = spec.split("/*/")[-1].replace("/", ".?")
+            assert f"object.kind == '{a.kind}'" in claims, a.kind
+            assert f"{path}.?resourceClaims.orValue([])" in claims, (a.kind, spec)
+    assert "x0.?template.?spec.?resourceClaims" in claims  # a RayCluster's worker groups, each one
+    # Written last: Kueue's, owned and labelled objects, and device-plugin GPUs need no lookup.
+    should = variables["shouldTrack"]
+    assert should.endswith(" || variables.managerClaimsGpu)")
+    assert should.index("variables.managerClaimsGpu") > should.index("object.kind == 'RayCluster'")
+    assert should.index("variables.managerClaimsGpu") > should.index("ghostgpu.io/tracked")
+    # matchConditions cannot read variables: a manager naming a template must pass them.
+    [match] = policy["spec"]["matchConditions"]
+    assert (
+        "(object.kind == 'RayCluster' && (object.?spec.?headGroupSpec.?template.?spec.?resourceClaims"
+        ".orValue([]).exists(c, has(c.resourceClaimTemplateName)) || object.?spec.?workerGroupSpecs"
+        ".orValue([]).exists(x0, x0.?template.?spec.?resourceClaims.orValue([])"
+        ".exists(c, has(c.resourceClaimTemplateName)))))"
+    ) in match["expression"]
+
+
+def test_pod_specs_are_the_parents_of_a_kinds_container_lists() -> None:
+    table = ActuatorTable()
+    jobset = ["/spec/replicatedJobs/*/template/spec/template/spec"]
+    assert pod_spec_pointers(table.by_kind["JobSet"]) == jobset
+    assert pod_spec_pointers(table.by_kind["InferenceService"]) == ["/spec/predictor"]
+    # A single container or bare requirements name no pod spec: no claim test for the kind.
+    assert pod_spec_pointers(table.by_kind["NIMService"]) == []
+    assert pod_spec_pointers(table.by_kind["TrainJob"]) == []
+    assert claim_cel(table.by_kind["TrainJob"], "true") == "false"
+    claims = {v["name"]: v["expression"] for v in tracking_policy(DRA)["spec"]["variables"]}
+    assert "'NIMService'" not in claims["managerClaimsGpu"]
+
+
+def test_without_dra_classes_no_manager_claim_test_is_rendered() -> None:
+    policy = tracking_policy(MINIMAL)
+    names = [v["name"] for v in policy["spec"]["variables"]]
+    assert "managerClaimsGpu" not in names and "claimsGpu" not in names
+    rendered = render_bundles(load_config_text(MINIMAL))["policies/track-gpu-workloads.yaml"]
+    assert "resourceClaim" not in rendered
 
 
 def test_kyverno_may_read_resource_claim_templates_once_a_class_is_named() -> None:
