@@ -423,11 +423,12 @@ def pods_by_workload(
         wl = workloads[ref]
         # A manager's pods are its by controller ownerReferences, and only its GPU pods are judged
         # (a RayCluster's CPU head has no GPU series); a Deployment's or StatefulSet's must also
-        # match its selector (a pod sharing a name prefix is not its pod).
+        # match its selector (a pod sharing a name prefix is not its pod). A pod whose DRA GPUs are
+        # not known yet (claims.py) stays: left out, its manager would be judged without it.
         if ref.kind in POD_CONTROLLERS:
             if not selector_matches(wl.selector, pod.labels):
                 continue
-        elif ref.kind != "Pod" and not pod.gpu_requests:
+        elif ref.kind != "Pod" and not pod.gpu_requests and not pod.gpus_unknown:
             continue
         out[ref].append(pod)
     for lst in out.values():

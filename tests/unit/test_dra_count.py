@@ -359,3 +359,29 @@ def test_the_controller_config_carries_the_dra_flavors_only_when_there_are_some(
     whole = tmp_path / "ghostgpu.yaml"
     whole.write_text("apiVersion: ghostgpu.io/v1alpha1\nkind: GhostgpuConfig\n" + DRA_FILE)
     assert load_any_config(whole).flavors == [FlavorSpec("h100", "nvidia.com/gpu", {}), DRA_GPU]
+
+
+def test_a_managers_pod_whose_gpus_are_unknown_stays_its_pod_so_it_is_not_judged_without_it() -> None:
+    """A manager keeps only its GPU pods (a RayCluster's CPU head is not judged); a pod whose claim
+    the cache has not seen yet has no GPUs counted, but it must stay the manager's pod: dropped,
+    the manager would be judged on its other pods alone instead of waiting, as a Deployment does."""
+    from ghostgpu.actuators import ActuatorTable
+    from ghostgpu.controller.inventory import pods_by_workload
+    from ghostgpu.controller.managers import manager_workload
+
+    table = ActuatorTable()
+    rc = {"apiVersion": "ray.io/v1", "kind": "RayCluster",
+          "metadata": {"name": "rc", "namespace": "team-a", "uid": "uid-rc"}, "spec": {}}  # fmt: skip
+    wl = manager_workload(table.by_kind["RayCluster"], rc, IS_GPU)
+    c = claim("w1-gpu", [("gpu", "gpu-0")], [exactly("gpu", "gpu.nvidia.com")], ["u1"])
+    pods = [
+        dra_pod("w1", "u1", templates={"gpu": "w1-gpu"}),
+        dra_pod("w2", "u2", templates={"gpu": "not-in-cache"}),
+        dra_pod("head", "u3"),
+    ]
+    for p in pods:
+        p["metadata"]["ownerReferences"] = [{"kind": "RayCluster", "name": "rc", "controller": True}]
+    views = counted(pods, [c])
+    assert views["w2"].gpus_unknown and not views["w2"].gpu_requests
+    got = pods_by_workload({wl.ref: wl}, views.values(), lambda p: wl.ref)
+    assert [p.name for p in got[wl.ref]] == ["w1", "w2"]  # the CPU head is not its GPU pod
