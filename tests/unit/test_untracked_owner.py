@@ -5,6 +5,7 @@ written to them."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -295,14 +296,11 @@ def test_by_owner_names_the_kinds_holding_gpus_outside_kueue_most_first() -> Non
     assert by_owner_kind(snap, opted_in_pods_of(snap))[0] == OwnerKindRow("RayJob", False, 1, 8.0)
 
 
-async def test_the_leaders_books_export_the_owner_kinds_and_drop_a_kind_that_stopped_holding(
-    tmp_path: Path,
-) -> None:
-    from prometheus_client import generate_latest
-
-    leader = True
-    metrics = ControllerMetrics()
-    rec = Reconciler(
+def shadow_reconciler(
+    tmp_path: Path, metrics: ControllerMetrics, *, is_leader: Callable[[], bool] = lambda: True
+) -> Reconciler:
+    """A shadow-mode reconciler whose pods all read idle and finished."""
+    return Reconciler(
         ControllerConfig.model_validate({"mode": "shadow", "window": 3, "startupGrace": "1s"}),
         cluster=RecordingCluster(),  # type: ignore[arg-type]
         utilization=Idle(),  # type: ignore[arg-type]
@@ -311,9 +309,19 @@ async def test_the_leaders_books_export_the_owner_kinds_and_drop_a_kind_that_sto
         s3=None,
         metrics=metrics,
         decision_log=DecisionLog(tmp_path / "d.jsonl"),
-        is_leader=lambda: leader,
+        is_leader=is_leader,
         clock=lambda: 1_800_000_000.0,
     )
+
+
+async def test_the_leaders_books_export_the_owner_kinds_and_drop_a_kind_that_stopped_holding(
+    tmp_path: Path,
+) -> None:
+    from prometheus_client import generate_latest
+
+    leader = True
+    metrics = ControllerMetrics()
+    rec = shadow_reconciler(tmp_path, metrics, is_leader=lambda: leader)
     rc = raycluster_of_rayjob("rj-raycluster", ("RayJob", "rj"))
     rj_obj = {"apiVersion": "ray.io/v1", "kind": "RayJob",
               "metadata": {"name": "rj", "namespace": NS, "uid": "uid-rj"},
@@ -379,17 +387,7 @@ async def test_a_poll_finds_its_untracked_holders_once_for_every_reader(
 
     monkeypatch.setattr(books, "untracked_holders", counted)
     monkeypatch.setattr(reservation, "untracked_holders", counted)
-    rec = Reconciler(
-        ControllerConfig.model_validate({"mode": "shadow", "window": 3, "startupGrace": "1s"}),
-        cluster=RecordingCluster(),  # type: ignore[arg-type]
-        utilization=Idle(),  # type: ignore[arg-type]
-        processes=ExecProcessSource(Finished(), concurrency=2),
-        files=FileArtifactProbe(Finished()),
-        s3=None,
-        metrics=ControllerMetrics(),
-        decision_log=DecisionLog(tmp_path / "d.jsonl"),
-        clock=lambda: 1_800_000_000.0,
-    )
+    rec = shadow_reconciler(tmp_path, ControllerMetrics())
     snap = snapshot({}, [pod("train-b", ("Job", "train"), gpus="2")])
     result = await rec.poll_once(snap)  # the leader's books: ghost gauge and owner kinds
     [acc] = accounting_from(
