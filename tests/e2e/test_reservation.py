@@ -416,6 +416,12 @@ def test_controller_killed_mid_update_leaves_nothing_behind(
         # Meanwhile: x is deleted, y (2 GPUs) starts; and the killed leader had created, but not yet
         # marked ready, a placeholder for a count that is no longer held (a half-done update).
         devcluster.kube.delete("apps/v1", "Deployment", "x", t.ns)
+        # x's ReplicaSet and pods go now, not whenever the garbage collector of a loaded machine gets
+        # to them: what the test needs is x's GPUs free, not a measure of the collector.
+        client.AppsV1Api(devcluster.kube.api_client).delete_collection_namespaced_replica_set(
+            t.ns, label_selector="app=x"
+        )
+        t.core.delete_collection_namespaced_pod(t.ns, label_selector="app=x", grace_period_seconds=0)
         dep = deployment("y", t.ns, gpus=2)
         dep["spec"]["template"]["spec"]["nodeSelector"] = H100_NODE
         devcluster.kube.apply(dep)
