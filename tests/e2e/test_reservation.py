@@ -37,6 +37,7 @@ from test_controller import LEASE_NS, Controller, deployment, wait_for
 
 from ghostgpu.controller.books.reservation import Reservation, placeholder_object
 from ghostgpu.devcluster import DevCluster, FakeDcgmClient, ProcessTables
+from ghostgpu.devcluster.kube import Kube
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.kueue, pytest.mark.timeout(600)]
 
@@ -179,6 +180,10 @@ class Team:
         # Background propagation: the Job API's default orphans the pods.
         with contextlib.suppress(client.ApiException):
             self.batch.delete_namespaced_job(name, self.ns, propagation_policy="Background")
+        # Its pods go now rather than when a loaded machine's garbage collector gets to them.
+        self.core.delete_collection_namespaced_pod(
+            self.ns, label_selector=f"job-name={name}", grace_period_seconds=0
+        )
         wait_for(lambda: self.workload_of(name) is None and not self.job_pods(name), 60, f"{name} gone")
 
 
@@ -381,6 +386,16 @@ def _pods_of_x(t: Team) -> list[Any]:
     return t.core.list_namespaced_pod(t.ns, label_selector="app=x").items
 
 
+def _remove_x(t: Team, kube: Kube, timeout: float = 60) -> None:
+    """Deletes Deployment x with its ReplicaSet and pods now, and waits until no pod of x is left.
+    The tests need x's GPUs free, not a measure of how soon the garbage collector of a loaded
+    machine gets to a deleted Deployment's pods (it took over 60 s in CI)."""
+    kube.delete("apps/v1", "Deployment", "x", t.ns)
+    client.AppsV1Api(kube.api_client).delete_collection_namespaced_replica_set(t.ns, label_selector="app=x")
+    t.core.delete_collection_namespaced_pod(t.ns, label_selector="app=x", grace_period_seconds=0)
+    wait_for(lambda: not _pods_of_x(t), timeout, "x gone")
+
+
 def test_shadow_writes_nothing_to_kueue_and_reports_the_same_numbers(
     team: tuple[Team, str], devcluster: DevCluster, prometheus_url: str, tmp_path: Path
 ) -> None:
@@ -415,17 +430,11 @@ def test_controller_killed_mid_update_leaves_nothing_behind(
         first.stop(signal.SIGKILL)
         # Meanwhile: x is deleted, y (2 GPUs) starts; and the killed leader had created, but not yet
         # marked ready, a placeholder for a count that is no longer held (a half-done update).
-        devcluster.kube.delete("apps/v1", "Deployment", "x", t.ns)
-        # x's ReplicaSet and pods go now, not whenever the garbage collector of a loaded machine gets
-        # to them: what the test needs is x's GPUs free, not a measure of the collector.
-        client.AppsV1Api(devcluster.kube.api_client).delete_collection_namespaced_replica_set(
-            t.ns, label_selector="app=x"
-        )
-        t.core.delete_collection_namespaced_pod(t.ns, label_selector="app=x", grace_period_seconds=0)
+        _remove_x(t, devcluster.kube)
         dep = deployment("y", t.ns, gpus=2)
         dep["spec"]["template"]["spec"]["nodeSelector"] = H100_NODE
         devcluster.kube.apply(dep)
-        wait_for(lambda: _running_pod(t, "y") and not _pods_of_x(t), 90, "y running, x gone")
+        wait_for(lambda: _running_pod(t, "y"), 90, "y running")
         half_done = Reservation(t.ns, "deployment/x", t.flavor, "nvidia.com/gpu", 3, t.cq, QUEUE, "")
         stray = placeholder_object(half_done, H100_NODE)
         devcluster.kube.apply(stray)
@@ -463,8 +472,7 @@ def test_trimming_nominal_quota_instead(team: tuple[Team, str], devcluster: DevC
     wait_for(lambda: t.admitted("small"), 60, "a Job that fits the trimmed quota")
     time.sleep(3 * POLL)
     assert not t.admitted("big"), "8 > the trimmed quota: it waits"
-    devcluster.kube.delete("apps/v1", "Deployment", "x", t.ns)
-    wait_for(lambda: not _pods_of_x(t), 60, "x gone")
+    _remove_x(t, devcluster.kube)
     restored = time.monotonic()
     set_quota(8)
     wait_for(lambda: t.admitted("big"), 60, "big admitted once the quota is back")

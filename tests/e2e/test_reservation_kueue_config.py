@@ -39,7 +39,7 @@ from test_reservation import (  # noqa: F401  (team: a fixture)
     POLL,
     QUEUE,
     Team,
-    _pods_of_x,
+    _remove_x,
     _running_pod,
     cohort_of_two,
     config,
@@ -170,8 +170,7 @@ def test_pods_ready_timeout_never_evicts_a_placeholder_and_no_admission_is_stuck
         assert t.cq_usage() == 4
 
         # 5. The holder goes: the 8-GPU Job is admitted within 2 polls and is scheduled.
-        devcluster.kube.delete("apps/v1", "Deployment", "x", t.ns)
-        wait_for(lambda: not _pods_of_x(t), 60, "x gone")
+        _remove_x(t, devcluster.kube)
         gone_at, polls_at = time.monotonic(), ctl.polls()
         wait_for(lambda: t.admitted("big"), 30, "the 8-GPU Job admitted")
         polls = ctl.polls() - polls_at
