@@ -180,11 +180,30 @@ class Team:
         # Background propagation: the Job API's default orphans the pods.
         with contextlib.suppress(client.ApiException):
             self.batch.delete_namespaced_job(name, self.ns, propagation_policy="Background")
-        # Its pods go now rather than when a loaded machine's garbage collector gets to them.
+        # Its pods and its Workload go now, rather than when a loaded machine's garbage collector
+        # and Job controller get to them (over 60 s in CI): the pods lose the Job's
+        # tracking finalizer, which only the Job controller would remove once the Job is gone.
         self.core.delete_collection_namespaced_pod(
             self.ns, label_selector=f"job-name={name}", grace_period_seconds=0
         )
-        wait_for(lambda: self.workload_of(name) is None and not self.job_pods(name), 60, f"{name} gone")
+        unfinalize = {"metadata": {"finalizers": None}}
+        for p in self.job_pods(name):
+            if p.metadata.finalizers:
+                with contextlib.suppress(client.ApiException):
+                    self.core.patch_namespaced_pod(p.metadata.name, self.ns, unfinalize)
+        if (w := self.workload_of(name)) is not None:
+            with contextlib.suppress(client.ApiException):
+                self.co.delete_namespaced_custom_object(*KUEUE, self.ns, "workloads", w["metadata"]["name"])
+
+        def left() -> list[str]:
+            w = self.workload_of(name)
+            pods = [f"pod {p.metadata.name} ({p.metadata.finalizers})" for p in self.job_pods(name)]
+            return pods if w is None else [f"workload {w['metadata']['name']}", *pods]
+
+        try:
+            wait_for(lambda: not left(), 60, f"{name} gone")
+        except AssertionError as e:
+            raise AssertionError(f"{e}; still there: {left()}") from None
 
 
 @pytest.fixture
