@@ -27,6 +27,7 @@ import pytest
 import yaml
 from cli_runs import restore, run_cli
 from kubernetes import client
+from kueue_jobs import KUEUE, delete_job_now, workload_of
 from proctables import FINISHED, LIVE
 from reservation_config import reservation_section
 from test_controller import LEASE_NS, Controller, wait_for
@@ -41,7 +42,6 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(600)]
 
 REPO = Path(__file__).resolve().parents[2]
 POLL = 2  # seconds
-KUEUE = ("kueue.x-k8s.io", "v1beta2")
 TEAM = "dra-team"
 QUEUE = "dra-q"  # not `default`: Kueue would default every new Deployment of the namespace into it
 DP_NODE = "gpu-h100-1"
@@ -193,10 +193,7 @@ class DraEnv:
         )
 
     def workload_of(self, ns: str, job: str) -> dict[str, Any] | None:
-        for w in self.workloads(ns):
-            if any(o.get("name") == job for o in w["metadata"].get("ownerReferences") or []):
-                return w
-        return None
+        return workload_of(self.dc.kube.api_client, ns, job)
 
     def cq_usage(self) -> dict[tuple[str, str], float]:
         co = client.CustomObjectsApi(self.dc.kube.api_client)
@@ -211,15 +208,7 @@ class DraEnv:
         return client.BatchV1Api(self.dc.kube.api_client).read_namespaced_job(job, ns).spec.suspend is False
 
     def delete_job(self, ns: str, job: str) -> None:
-        with contextlib.suppress(client.ApiException):
-            client.BatchV1Api(self.dc.kube.api_client).delete_namespaced_job(
-                job, ns, propagation_policy="Background"
-            )
-        wait_for(
-            lambda: self.workload_of(ns, job) is None and not self.list("v1", "Pod", ns, f"job-name={job}"),
-            60,
-            f"job {job} gone",
-        )
+        delete_job_now(self.dc.kube.api_client, ns, job)
 
 
 def _wait_until_dra_tracking_is_live(dc: DevCluster) -> None:

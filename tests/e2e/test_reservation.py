@@ -31,6 +31,7 @@ from typing import Any
 import pytest
 import yaml
 from kubernetes import client
+from kueue_jobs import KUEUE, delete_job_now, workload_of
 from proctables import FINISHED, LIVE
 from reservation_config import reservation_section
 from test_controller import LEASE_NS, Controller, deployment, wait_for
@@ -43,7 +44,6 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.kueue, pytest.mark.
 
 REPO = Path(__file__).resolve().parents[2]
 POLL = 2  # seconds
-KUEUE = ("kueue.x-k8s.io", "v1beta2")
 NODE = "gpu-h100-0"  # 8 kwok H100s
 H100_NODE = {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3", "kubernetes.io/hostname": NODE}
 QUEUE = "team-q"  # the LocalQueue whose ClusterQueue is the team's (controller.reservationQueue)
@@ -140,10 +140,7 @@ class Team:
         )["items"]
 
     def workload_of(self, job: str) -> dict[str, Any] | None:
-        for w in self.workloads():
-            if any(o.get("name") == job for o in w["metadata"].get("ownerReferences") or []):
-                return w
-        return None
+        return workload_of(self.core.api_client, self.ns, job)
 
     def placeholders(self) -> dict[str, dict[str, str]]:
         """name -> {condition type: status} of every placeholder in the cluster."""
@@ -177,33 +174,7 @@ class Team:
         return next(a for a in json.loads(out.stdout) if a["flavor"] == self.flavor)
 
     def delete_job(self, name: str) -> None:
-        # Background propagation: the Job API's default orphans the pods.
-        with contextlib.suppress(client.ApiException):
-            self.batch.delete_namespaced_job(name, self.ns, propagation_policy="Background")
-        # Its pods and its Workload go now, rather than when a loaded machine's garbage collector
-        # and Job controller get to them (over 60 s in CI): the pods lose the Job's
-        # tracking finalizer, which only the Job controller would remove once the Job is gone.
-        self.core.delete_collection_namespaced_pod(
-            self.ns, label_selector=f"job-name={name}", grace_period_seconds=0
-        )
-        unfinalize = {"metadata": {"finalizers": None}}
-        for p in self.job_pods(name):
-            if p.metadata.finalizers:
-                with contextlib.suppress(client.ApiException):
-                    self.core.patch_namespaced_pod(p.metadata.name, self.ns, unfinalize)
-        if (w := self.workload_of(name)) is not None:
-            with contextlib.suppress(client.ApiException):
-                self.co.delete_namespaced_custom_object(*KUEUE, self.ns, "workloads", w["metadata"]["name"])
-
-        def left() -> list[str]:
-            w = self.workload_of(name)
-            pods = [f"pod {p.metadata.name} ({p.metadata.finalizers})" for p in self.job_pods(name)]
-            return pods if w is None else [f"workload {w['metadata']['name']}", *pods]
-
-        try:
-            wait_for(lambda: not left(), 60, f"{name} gone")
-        except AssertionError as e:
-            raise AssertionError(f"{e}; still there: {left()}") from None
+        delete_job_now(self.core.api_client, self.ns, name)
 
 
 @pytest.fixture
