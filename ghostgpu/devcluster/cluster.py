@@ -326,8 +326,12 @@ class _Starter:
         self.log(f"[devcluster {t:6.1f}s] {what} ready")
 
     def stop_all(self) -> None:
+        """A failed start: everything it started goes, the real node's host traces too (its mounts,
+        cgroups and containers outlive its processes, and no state is left for `down` to find)."""
         for p in reversed(self.state.processes):
             procs.stop(p)
+        if (self.dir / "realnode").exists():
+            realnode.cleanup(self.dir)
 
     def _https_ok(self, port: int, path: str, client_cert: bool = True) -> bool:
         ctx = ssl.create_default_context(cafile=str(self.pki.cert_path))

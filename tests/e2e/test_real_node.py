@@ -35,7 +35,7 @@ from test_controller import REPO, Controller, controller_config, opt_in, wait_fo
 from ghostgpu import __version__
 from ghostgpu.config import ControllerConfig
 from ghostgpu.controller.observe.evidence import policy_from_config
-from ghostgpu.devcluster import DevCluster, FakeDcgmClient, realnode
+from ghostgpu.devcluster import DevCluster, FakeDcgmClient, cluster, realnode
 from ghostgpu.devcluster.fleet import (
     BUSYBOX_SETUP,
     SLEEP_LONG,
@@ -623,6 +623,25 @@ def test_a_second_real_node_survives_kill_9_and_down_leaves_the_host_as_it_was(
     finally:
         again.down()
     assert host_traces(tmp_path) == {"mounts": [], "cgroups": [], "shims": [], "kubelet": False}
+    assert realnode.read_sysctls() == before
+
+
+def test_a_start_that_fails_after_the_real_node_is_up_leaves_the_host_as_it_was(
+    devcluster: DevCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`up` fails after its real node started (an add-on that never comes up): the error reaches
+    the caller, and the real node's mounts, cgroups, shims and kubelet are gone with the rest, as
+    after `down`. No state dir is left to `down` later, so nothing else would clean them."""
+    before = realnode.read_sysctls()
+
+    def an_addon_fails(self: object) -> None:
+        raise RuntimeError("an add-on exited while starting")
+
+    monkeypatch.setattr(cluster._Starter, "_wait_addons", an_addon_fails)
+    with pytest.raises(RuntimeError, match="an add-on exited"):
+        DevCluster.up(tmp_path, addons=())
+    assert host_traces(tmp_path) == {"mounts": [], "cgroups": [], "shims": [], "kubelet": False}
+    assert not realnode.Layout(tmp_path).run_dir.exists()
     assert realnode.read_sysctls() == before
 
 
