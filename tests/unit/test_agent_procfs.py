@@ -161,7 +161,7 @@ def test_only_the_containers_asked_for_are_read(fake: FakeProc) -> None:
     got = procfs.scan(fake.root, lambda ref: ref.container_id == OTHER)
     assert sorted(got.processes) == [502]
     assert got.processes[502].container == ContainerRef(UID, OTHER)
-    assert (got.scanned, got.unreadable) == (3, 0)
+    assert (got.scanned, got.unplaced, got.failed) == (3, 0, {})
 
 
 def test_a_process_that_vanishes_mid_read_is_skipped(fake: FakeProc) -> None:
@@ -173,18 +173,27 @@ def test_a_process_that_vanishes_mid_read_is_skipped(fake: FakeProc) -> None:
         f.unlink()
     got = procfs.scan(fake.root)
     assert sorted(got.processes) == [501]
-    assert got.unreadable == 0
+    assert (got.unplaced, got.failed) == (0, {})
 
 
 def test_a_file_that_is_there_but_unreadable_is_counted(fake: FakeProc) -> None:
     fake.add(501, ppid=9, nspid=(501, 1), argv=["a"])
-    fake.add(502, ppid=9, nspid=(502, 1), argv=["a"])
+    fake.add(502, ppid=9, nspid=(502, 1), argv=["a"], cgroup=f"0::/kubepods/pod{UID}/{OTHER}")
     (fake.root / "502" / "stat").write_text("garbage")
     (fake.root / "503").mkdir()
     (fake.root / "503" / "cgroup").mkdir()  # reading it fails (EISDIR), not because it is gone
     got = procfs.scan(fake.root)
     assert sorted(got.processes) == [501]
-    assert got.unreadable == 2
+    assert got.unplaced == 1  # 503: no cgroup read, it may be any container's
+    assert got.failed == {ContainerRef(UID, OTHER): procfs.Incomplete.PROC_UNREADABLE}  # 502's own
+
+
+def test_a_longer_file_than_the_kernel_writes_fails_its_container(fake: FakeProc) -> None:
+    fake.add(501, ppid=9, nspid=(501, 1), argv=["a"])
+    with (fake.root / "501" / "status").open("a") as f:
+        f.write("Groups:\t" + " ".join(map(str, range(65536))) + "\n")
+    got = procfs.scan(fake.root)
+    assert got.failed == {ContainerRef(UID, CID): procfs.Incomplete.PROC_UNREADABLE}
 
 
 def test_an_unlistable_proc_root_is_an_error(tmp_path: Path) -> None:
@@ -316,4 +325,77 @@ def test_a_zombie_whose_cgroup_v1_reads_root_is_placed_with_its_parent(fake: Fak
     assert [(p, pp, st, a) for p, pp, st, _, a in listing(fake)] == [
         (1, 0, "S", "sh"),
         (2, 1, "Z", "[python3] <defunct>"),
+    ]
+
+
+# --- what a tenant's process can do to the scan ------------------------------------------------
+
+
+def test_a_process_named_like_a_status_line_is_read_as_any_other(fake: FakeProc) -> None:
+    # prctl(PR_SET_NAME, "\x1cVmLck:"): the kernel prints the name in `status` unescaped; a split
+    # on every Unicode line boundary (str.splitlines) would read it as a `VmLck:` line of no value.
+    fake.add(501, ppid=9, nspid=(501, 1), argv=["sleep", "1"])
+    fake.add(502, ppid=9, nspid=(502, 1), argv=[], comm="\x1cVmLck:", cgroup=f"0::/kubepods/pod{UID}/{OTHER}")
+    got = procfs.scan(fake.root)
+    assert got.failed == {} and got.unplaced == 0
+    assert sorted(got.processes) == [501, 502]
+    assert got.processes[502].args == "[\x1cVmLck:]" and got.processes[502].stat == "S"
+
+
+def test_a_huge_cmdline_is_read_only_as_far_as_it_is_kept(fake: FakeProc) -> None:
+    import tracemalloc
+
+    fake.add(501, ppid=9, nspid=(501, 1), argv=["python3", "-c", "x" * (6 << 20)])
+    tracemalloc.start()
+    try:
+        got = procfs.scan(fake.root)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert got.processes[501].args == ("python3 -c " + "x" * MAX_ARGS)[:MAX_ARGS]
+    assert peak < 256 << 10, f"{peak / 2**20:.1f} MiB to read a 6 MiB command line"
+
+
+def test_a_container_over_the_process_cap_is_incomplete_and_others_are_not(fake: FakeProc) -> None:
+    for pid in range(501, 506):
+        fake.add(pid, ppid=501, nspid=(pid, pid - 500), argv=["sleep", "1"])
+    fake.add(601, ppid=9, nspid=(601, 1), argv=["train"], cgroup=f"0::/kubepods/pod{UID}/{OTHER}")
+    got = procfs.scan(fake.root, max_per_container=4)
+    assert got.failed == {ContainerRef(UID, CID): procfs.Incomplete.TOO_MANY_PROCESSES}
+    assert [p for p in got.processes.values() if p.container.container_id == OTHER] == [got.processes[601]]
+    assert len([p for p in got.processes.values() if p.container.container_id == CID]) <= 4
+
+
+def test_an_unreadable_process_fails_its_own_container_only(fake: FakeProc) -> None:
+    fake.add(501, ppid=9, nspid=(501, 1), argv=["a"])
+    fake.add(601, ppid=9, nspid=(601, 1), argv=["b"], cgroup=f"0::/kubepods/pod{UID}/{OTHER}")
+    (fake.root / "601" / "status").write_text("Name:\tb\nNSpid:\tnot a number\n")
+    got = procfs.scan(fake.root)
+    assert got.failed == {ContainerRef(UID, OTHER): procfs.Incomplete.PROC_UNREADABLE}
+    assert sorted(got.processes) == [501] and got.unplaced == 0
+
+
+def test_a_pid_reused_mid_read_never_mixes_two_processes(
+    fake: FakeProc, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Process 501 of CID exits after its cgroup was read, and a process of another container
+    # gets pid 501: every file of a row comes from the directory that was opened, the old one.
+    fake.add(501, ppid=9, nspid=(501, 1), argv=["old"])
+    real_open = os.open
+    swapped = []
+
+    def open_then_reuse(path: str, flags: int, *args: object, **kw: object) -> int:
+        fd = real_open(path, flags, *args, **kw)  # type: ignore[arg-type]
+        if str(path).endswith("cgroup") and not swapped:
+            swapped.append(True)
+            (fake.root / "501").rename(fake.root / "old-501")
+            fake.add(501, ppid=9, nspid=(501, 4), argv=["intruder"], cgroup=f"0::/kubepods/pod{UID}/{OTHER}")
+        return fd
+
+    monkeypatch.setattr(procfs.os, "open", open_then_reuse)
+    got = procfs.scan(fake.root)
+    monkeypatch.undo()
+    assert swapped
+    assert [(p.container.container_id, p.args, p.nspid) for p in got.processes.values()] == [
+        (CID, "old", (501, 1))
     ]
