@@ -111,6 +111,47 @@ def targets_of(pod: Mapping[str, Any], is_gpu: Callable[[str], bool]) -> list[Ta
     return out
 
 
+def _slim_container(c: Mapping[str, Any]) -> dict[str, Any]:
+    res = c.get("resources") or {}
+    kept = {k: dict.fromkeys(res.get(k) or {}, "") for k in ("limits", "requests")}  # names: no values
+    return {"name": c.get("name", ""), "resources": {**kept, "claims": [{} for _ in res.get("claims") or []]}}
+
+
+def agent_pod(obj: Mapping[str, Any], node: str, is_gpu: Callable[[str], bool]) -> dict[str, Any] | None:
+    """What the agent's pod store keeps of a pod: the fields targets_of reads, or None for a pod
+    it never reports on (another node's, one that finished, one that asks for no GPU). The watch
+    already selects the node's unfinished pods; this keeps the store right whatever it is sent."""
+    meta, spec, status = obj.get("metadata") or {}, obj.get("spec") or {}, obj.get("status") or {}
+    if spec.get("nodeName") != node or status.get("phase") in ("Succeeded", "Failed"):
+        return None
+    containers = [_slim_container(c) for c in spec.get("containers") or []]
+    inits = [_slim_container(c) for c in spec.get("initContainers") or []]
+    if not any(_requests_gpu(c, is_gpu) for c in (*containers, *inits)):
+        return None
+    return {
+        "metadata": {
+            k: meta[k] for k in ("namespace", "name", "uid", "deletionTimestamp") if meta.get(k) is not None
+        },
+        "spec": {
+            "nodeName": node,
+            "containers": containers,
+            "initContainers": inits,
+            "shareProcessNamespace": bool(spec.get("shareProcessNamespace")),
+        },
+        "status": {
+            "phase": status.get("phase"),
+            "containerStatuses": [
+                {
+                    "name": st.get("name", ""),
+                    "containerID": st.get("containerID") or "",
+                    "state": {k: {} for k in st.get("state") or {}},  # which, not its details
+                }
+                for st in status.get("containerStatuses") or []
+            ],
+        },
+    }
+
+
 def scan_node(
     pods: Iterable[Mapping[str, Any]],
     proc: Path,

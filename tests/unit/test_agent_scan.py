@@ -12,7 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from test_agent_procfs import FakeProc
 
 from ghostgpu.agent.exporter import AgentExporter, exported_programs
-from ghostgpu.agent.scan import ContainerKey, ScanResult, Seen, Unseen, scan_node
+from ghostgpu.agent.scan import ContainerKey, ScanResult, Seen, Unseen, agent_pod, scan_node, targets_of
 from ghostgpu.controller.inventory import gpu_predicate
 from ghostgpu.verdict import ProcessCounts, ProcessPolicy, count_roles
 
@@ -342,3 +342,47 @@ def test_programs_are_bounded() -> None:
     progs = tuple(sorted(["z" * 100, "a", "b", "c", "d", "e"]))
     assert exported_programs(progs) == ["a", "b", "c", "d"]
     assert exported_programs(("q" * 100,)) == ["q" * 64]
+
+
+# --- the pod store --------------------------------------------------------------------------------
+
+
+def _full(p: dict[str, Any]) -> dict[str, Any]:
+    """A pod as the apiserver sends it: everything the agent does not read, too."""
+    p = {**p, "metadata": {**p["metadata"], "labels": {"app": "x"}, "managedFields": [{"f": "x" * 4000}]}}
+    p["metadata"]["annotations"] = {"kubectl.kubernetes.io/last-applied-configuration": "y" * 20000}
+    p["spec"] = {**p["spec"], "volumes": [{"name": "v", "emptyDir": {}}]}
+    p["spec"]["containers"] = [{**c, "image": "img", "env": [{"name": "SECRET", "value": "s" * 5000}]}
+                               for c in p["spec"]["containers"]]  # fmt: skip
+    p["status"] = {**p["status"], "conditions": [{"type": "Ready", "status": "True"}], "podIP": "10.0.0.1"}
+    return p
+
+
+SHAPES = [
+    pod("mig", 1, {"a": {"gpu": "nvidia.com/mig-1g.10gb", "id": cid(1)}, "side": {"id": cid(2)}}),
+    pod("shared", 2, {"a": {"gpu": "nvidia.com/gpu", "id": cid(3)}}, shared=True),
+    pod("init-only", 3, {"first": {"id": cid(4)}}, init_gpu=True),
+    pod("pending", 4, {"a": {"gpu": "nvidia.com/gpu"}}, phase="Pending"),
+    pod("crashing", 5, {"a": {"gpu": "nvidia.com/gpu", "id": cid(5), "state": "waiting"}}),
+]
+
+
+@pytest.mark.parametrize("p", SHAPES, ids=lambda p: p["metadata"]["name"])
+def test_the_pod_store_keeps_what_the_scan_reads_and_nothing_else(p: dict[str, Any]) -> None:
+    full = _full(p)
+    kept = agent_pod(full, "node-a", IS_GPU)
+    assert kept is not None
+    assert targets_of(kept, IS_GPU) == targets_of(full, IS_GPU)
+    assert len(repr(kept)) < 1200 < len(repr(full))
+    assert "annotations" not in kept["metadata"] and "env" not in repr(kept)
+
+
+def test_the_pod_store_drops_pods_that_cannot_run_here_or_ask_for_no_gpu() -> None:
+    running = pod("p", 1, {"a": {"gpu": "nvidia.com/gpu", "id": cid(1)}})
+    assert agent_pod(running, "node-a", IS_GPU) is not None
+    elsewhere = {**running, "spec": {**running["spec"], "nodeName": "node-b"}}
+    assert agent_pod(elsewhere, "node-a", IS_GPU) is None
+    for phase in ("Succeeded", "Failed"):
+        done = pod("done", 2, {"a": {"gpu": "nvidia.com/gpu"}}, phase=phase)
+        assert agent_pod(done, "node-a", IS_GPU) is None
+    assert agent_pod(pod("cpu", 3, {"a": {"id": cid(3)}}), "node-a", IS_GPU) is None
