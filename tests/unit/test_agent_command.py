@@ -67,7 +67,10 @@ def test_the_agent_watches_only_its_nodes_pods_that_can_run(tmp_path: Path) -> N
     assert agent.pods.field_selector == "spec.nodeName=node-a,status.phase!=Succeeded,status.phase!=Failed"
     gpu = {
         "metadata": {"namespace": "t", "name": "p", "uid": "u", "annotations": {"a": "b" * 1000}},
-        "spec": {"nodeName": "node-a", "containers": [{"name": "c", "resources": {"limits": {"amd.com/gpu": 1}}}]},
+        "spec": {
+            "nodeName": "node-a",
+            "containers": [{"name": "c", "resources": {"limits": {"amd.com/gpu": 1}}}],
+        },
         "status": {"phase": "Running"},
     }
     kept = agent.pods.transform(gpu)
