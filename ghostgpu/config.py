@@ -590,6 +590,25 @@ class ServiceMonitorConfig(Model):
     )
 
 
+# `http://<service>.<namespace>.svc[.cluster.local][:port]`: a Prometheus inside the cluster.
+_IN_CLUSTER_URL = re.compile(r"^https?://[a-z0-9-]+\.([a-z0-9-]+)\.svc(?:\.[a-z0-9.-]+)?(?::\d+)?(?:/.*)?$")
+DEFAULT_PROMETHEUS_NAMESPACE = "monitoring"
+
+
+class NetworkPolicyConfig(Model):
+    """NetworkPolicies on the controller's port and the node agent's: connections only from the
+    namespace Prometheus runs in (the kubelet's probes come from the node, which a NetworkPolicy
+    never blocks)."""
+
+    enabled: bool = True
+    prometheus_namespace: Name | None = Field(
+        None,
+        description="the namespace whose pods scrape the controller and the agent; unset: the "
+        "namespace of controller.prometheus.url when it is a Service in the cluster "
+        "(http://<service>.<namespace>.svc...), else monitoring",
+    )
+
+
 _PROGRAM = re.compile(r"^[A-Za-z0-9_.+-]{1,64}$")
 
 
@@ -721,6 +740,7 @@ class ControllerConfig(Model):
     actions: ActionsConfig = Field(default_factory=ActionsConfig)
     alerts: AlertsConfig = Field(default_factory=AlertsConfig)
     service_monitor: ServiceMonitorConfig = Field(default_factory=ServiceMonitorConfig)
+    network_policy: NetworkPolicyConfig = Field(default_factory=NetworkPolicyConfig)
     grafana_dashboard: GrafanaDashboardConfig = Field(default_factory=GrafanaDashboardConfig)
     # The risk gate (ghostgpu.autonomy): thresholds from `ghostgpu calibrate`, weights, action table.
     autonomy: AutonomyConfig = Field(default_factory=AutonomyConfig)
@@ -766,6 +786,14 @@ class ControllerConfig(Model):
         description="the LocalQueue, in each opted-in namespace, whose ClusterQueue is the team's: "
         "placeholders are queued there",
     )
+
+    @property
+    def prometheus_namespace(self) -> str:
+        """The namespace the NetworkPolicies admit (docs/agent.md, "Who can connect")."""
+        if self.network_policy.prometheus_namespace:
+            return self.network_policy.prometheus_namespace
+        found = _IN_CLUSTER_URL.match(self.prometheus.url)
+        return found.group(1) if found else DEFAULT_PROMETHEUS_NAMESPACE
 
     @field_validator("reservation", mode="before")
     @classmethod

@@ -399,3 +399,56 @@ def test_a_pid_reused_mid_read_never_mixes_two_processes(
     assert [(p.container.container_id, p.args, p.nspid) for p in got.processes.values()] == [
         (CID, "old", (501, 1))
     ]
+
+
+AGENT_UID = 65533  # the DaemonSet's runAsUser/runAsGroup (templates/controller/agent.yaml.j2)
+
+
+def _scan_as(uid: int, ref: ContainerRef) -> dict[str, object]:
+    """procfs.scan of the real /proc in a child process running as `uid`:`uid`, with no
+    capabilities and no supplementary groups (as the agent's container runs)."""
+    import json
+
+    r, w = os.pipe()
+    child = os.fork()
+    if child == 0:  # pragma: no cover - the child's result is read from the pipe
+        try:
+            os.close(r)
+            os.setgroups([])
+            os.setresgid(uid, uid, uid)
+            os.setresuid(uid, uid, uid)  # every uid non-zero: the kernel clears the capabilities
+            got = procfs.scan(Path("/proc"), lambda x: x == ref)
+            rows = [[p.pid, p.ppid, p.state, p.command] for p in procfs.rows(got.processes.values(), "p/c")]
+            out = {"rows": rows, "failed": len(got.failed), "unplaced": got.unplaced, "uid": os.geteuid()}
+            os.write(w, json.dumps(out).encode())
+        finally:
+            os._exit(0)
+    os.close(w)
+    with os.fdopen(r, "rb") as f:
+        data = f.read()
+    os.waitpid(child, 0)
+    return dict(json.loads(data))
+
+
+def test_the_agents_own_uid_reads_every_containers_rows_as_root_does(
+    container_cgroup: tuple[Path, ContainerRef],
+) -> None:
+    # Processes of root and of the controller's uid 65532 in a real pid namespace; the agent's
+    # uid, without capabilities, reads the same rows as root: nothing it reads needs privilege.
+    leaf, ref = container_cgroup
+    script = (
+        f"echo 0 > {leaf / 'cgroup.procs'}; sleep 1000 & "
+        "python3 -c 'import ctypes, os, time; ctypes.CDLL(None).mlockall(1); "
+        "os.setresgid(65532, 65532, 65532); os.setresuid(65532, 65532, 65532); time.sleep(1000)' & wait"
+    )
+    ns = subprocess.Popen(["unshare", "--pid", "--fork", "--mount-proc", "sh", "-c", script])
+    try:
+        _wait_for_rows(leaf, 3)
+        as_root = procfs.scan(Path("/proc"), lambda x: x == ref)
+        want = [[p.pid, p.ppid, p.state, p.command] for p in procfs.rows(as_root.processes.values(), "p/c")]
+        assert len(want) == 3 and any("L" in s for _, _, s, _ in want)  # VmLck read from status
+        got = _scan_as(AGENT_UID, ref)
+        assert got == {"rows": want, "failed": 0, "unplaced": 0, "uid": AGENT_UID}
+    finally:
+        ns.kill()
+        ns.wait()
