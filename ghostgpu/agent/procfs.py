@@ -101,7 +101,7 @@ class ProcScan:
     failed: Mapping[ContainerRef, Incomplete]
 
 
-def _read(name: str, dir_fd: int, limit: int) -> bytes:
+def _read(name: str, dir_fd: int | None, limit: int) -> bytes:
     """At most `limit` bytes of a file of an open /proc/<pid> directory. os.open/os.read, not
     open(): no buffered file object per file (4 files per process, 10k+ processes per scan). One
     read: the kernel writes these files whole (seq_file) or, cmdline, as far as asked."""
@@ -112,7 +112,7 @@ def _read(name: str, dir_fd: int, limit: int) -> bytes:
         os.close(fd)
 
 
-def _read_whole(name: str, dir_fd: int, limit: int) -> bytes:
+def _read_whole(name: str, dir_fd: int | None, limit: int) -> bytes:
     data = _read(name, dir_fd, limit + 1)
     if len(data) > limit:
         raise TooLarge(f"{name}: more than {limit} bytes")
@@ -220,9 +220,12 @@ class _Pass:
         except (*_GONE, NotADirectoryError):
             return None
 
-    def cgroup(self, pid: int, dir_fd: int) -> list[str] | None:
-        """Its cgroup lines; None when it is gone, or counted unplaced when unreadable."""
+    def cgroup(self, pid: int, dir_fd: int | None = None) -> list[str] | None:
+        """Its cgroup lines (through its open directory, or by path to decide whether to look
+        closer); None when it is gone, or counted unplaced when unreadable."""
         try:
+            if dir_fd is None:
+                return _lines(_read_whole(f"{self.proc}/{pid}/cgroup", None, _CGROUP_MAX))
             return _lines(_read_whole("cgroup", dir_fd, _CGROUP_MAX))
         except _GONE:
             return None
@@ -230,34 +233,54 @@ class _Pass:
             self.unplaced += 1
             return None
 
-    def take(self, pid: int, dir_fd: int, ref: ContainerRef) -> None:
-        """Read one process of a container asked for, within the container's cap."""
-        if ref in self.failed:
-            return
-        if self.per_container[ref] >= self.max:
-            self.failed[ref] = Incomplete.TOO_MANY_PROCESSES
+    def take(self, pid: int, accept: Callable[[ContainerRef], bool]) -> None:
+        """Read one process through its open directory, if the cgroup read there is still one
+        `accept`s (the pid may be another process's by now), within its container's cap."""
+        dir_fd = self.open(pid)
+        if dir_fd is None:
             return
         try:
-            hp = read_process(dir_fd, pid, ref, self.uptime)
-        except _GONE:
-            return
-        except (OSError, ValueError, IndexError):
-            self.failed[ref] = Incomplete.PROC_UNREADABLE  # there but unreadable: never guess
-            return
-        if hp is not None:
-            self.found[pid] = hp
-            self.per_container[ref] += 1
+            lines = self.cgroup(pid, dir_fd)
+            ref = None if lines is None else container_of(lines)
+            if ref is None or not accept(ref) or ref in self.failed:
+                return
+            if self.per_container[ref] >= self.max:
+                self.failed[ref] = Incomplete.TOO_MANY_PROCESSES
+                return
+            try:
+                hp = read_process(dir_fd, pid, ref, self.uptime)
+            except _GONE:
+                return
+            except (OSError, ValueError, IndexError):
+                self.failed[ref] = Incomplete.PROC_UNREADABLE  # there but unreadable: never guess
+                return
+            if hp is not None:
+                self.found[pid] = hp
+                self.per_container[ref] += 1
+        finally:
+            os.close(dir_fd)
 
-    def zombie(self, pid: int, dir_fd: int) -> HostProcess | None:
-        """A zombie (state Z or X) whose cgroup the kernel hides, read whole (placed later with its
-        parent); None for a live process, one gone or one unreadable."""
+    def zombie(self, pid: int) -> HostProcess | None:
+        """A zombie (state Z or X) whose cgroup the kernel hides, read whole through its open
+        directory (placed later with its parent); None for a live process, one gone or one
+        unreadable."""
         try:
-            _, fields = _split_stat(_read_whole("stat", dir_fd, _STAT_MAX).decode("utf-8", "replace"))
+            stat = _read_whole(f"{self.proc}/{pid}/stat", None, _STAT_MAX).decode("utf-8", "replace")
+            _, fields = _split_stat(stat)
             if fields[0] not in ("Z", "X"):
-                return None
-            return read_process(dir_fd, pid, ContainerRef("", ""), self.uptime)
+                return None  # most are kernel threads and the host's own processes: one read
         except (OSError, ValueError, IndexError):
             return None
+        dir_fd = self.open(pid)
+        if dir_fd is None:
+            return None
+        try:
+            hp = read_process(dir_fd, pid, ContainerRef("", ""), self.uptime)
+            return hp if hp is not None and hp.stat[:1] in ("Z", "X") else None
+        except (OSError, ValueError, IndexError):
+            return None
+        finally:
+            os.close(dir_fd)
 
 
 def scan(
@@ -270,7 +293,10 @@ def scan(
     """The host processes of every container `wanted` accepts (by its cgroup), in one pass over
     the proc root, and of every pod (pid namespace shared by its containers) whose container IDs
     `whole_pods_of` names: which pod that is comes from the pod cgroup the kernel shows for the
-    container's own processes, never from anything the pod's author writes."""
+    container's own processes, never from anything the pod's author writes.
+
+    Every pid's cgroup is read by path first (most belong to no container asked for); a process
+    that does is then read whole through its open directory, its cgroup again included."""
     cap = MAX_PROCESSES if max_per_container is None else max_per_container
     listed = pids(proc)
     try:
@@ -280,40 +306,26 @@ def scan(
     run = _Pass(proc, uptime, cap)
     whole = set(whole_pods_of)
     pods_wanted: set[str] = set()
-    later: list[tuple[int, ContainerRef]] = []  # placed, not asked for: maybe in a pod of `whole`
+    later: list[int] = []  # placed, not asked for: maybe in a pod of `whole`
     zombies: list[HostProcess] = []
     for pid in listed:
-        dir_fd = run.open(pid)
-        if dir_fd is None:
+        lines = run.cgroup(pid)
+        if lines is None:
             continue
-        try:
-            lines = run.cgroup(pid, dir_fd)
-            if lines is None:
-                continue
-            ref = container_of(lines)
-            if ref is None:
-                if _all_root(lines) and (z := run.zombie(pid, dir_fd)) is not None:
-                    zombies.append(z)
-                continue
-            if ref.container_id in whole:
-                pods_wanted.add(ref.pod_uid)
-            if wanted(ref):
-                run.take(pid, dir_fd, ref)
-            elif whole:
-                later.append((pid, ref))
-        finally:
-            os.close(dir_fd)
-    # The rest of the pods whose pid namespace is listed whole (their sandbox, other containers),
-    # read again through a new directory that must still be the same container's.
-    for pid, ref in later:
-        if ref.pod_uid not in pods_wanted or (dir_fd := run.open(pid)) is None:
+        ref = container_of(lines)
+        if ref is None:
+            if _all_root(lines) and (z := run.zombie(pid)) is not None:
+                zombies.append(z)
             continue
-        try:
-            lines = run.cgroup(pid, dir_fd)
-            if lines is not None and container_of(lines) == ref:
-                run.take(pid, dir_fd, ref)
-        finally:
-            os.close(dir_fd)
+        if ref.container_id in whole:
+            pods_wanted.add(ref.pod_uid)
+        if wanted(ref):
+            run.take(pid, wanted)
+        elif whole:
+            later.append(pid)
+    # The rest of the pods whose pid namespace is listed whole (their sandbox, other containers).
+    for pid in later:
+        run.take(pid, lambda ref: ref.pod_uid in pods_wanted)
     for z in zombies:
         owner = run.found.get(z.ppid)
         if owner is not None:

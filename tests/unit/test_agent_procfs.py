@@ -375,18 +375,28 @@ def test_an_unreadable_process_fails_its_own_container_only(fake: FakeProc) -> N
     assert sorted(got.processes) == [501] and got.unplaced == 0
 
 
+@pytest.mark.parametrize(
+    ("moment", "listed"),
+    [
+        # After the cgroup read that placed it: the new process is read whole, under its own cgroup.
+        ("placed", [(OTHER, "intruder", (501, 4))]),
+        # After its directory was opened: every file comes from that directory, the old process's.
+        ("opened", [(CID, "old", (501, 1))]),
+    ],
+)
 def test_a_pid_reused_mid_read_never_mixes_two_processes(
-    fake: FakeProc, monkeypatch: pytest.MonkeyPatch
+    fake: FakeProc, monkeypatch: pytest.MonkeyPatch, moment: str, listed: list[tuple[object, ...]]
 ) -> None:
-    # Process 501 of CID exits after its cgroup was read, and a process of another container
-    # gets pid 501: every file of a row comes from the directory that was opened, the old one.
+    # Process 501 of CID exits while it is read, and a process of another container gets pid 501:
+    # its row is one process's or the other's, never the old cgroup with the new command line.
     fake.add(501, ppid=9, nspid=(501, 1), argv=["old"])
     real_open = os.open
     swapped = []
+    trigger = f"{fake.root}/501/cgroup" if moment == "placed" else "cgroup"
 
     def open_then_reuse(path: str, flags: int, *args: object, **kw: object) -> int:
         fd = real_open(path, flags, *args, **kw)  # type: ignore[arg-type]
-        if str(path).endswith("cgroup") and not swapped:
+        if str(path) == trigger and not swapped:
             swapped.append(True)
             (fake.root / "501").rename(fake.root / "old-501")
             fake.add(501, ppid=9, nspid=(501, 4), argv=["intruder"], cgroup=f"0::/kubepods/pod{UID}/{OTHER}")
@@ -396,9 +406,7 @@ def test_a_pid_reused_mid_read_never_mixes_two_processes(
     got = procfs.scan(fake.root)
     monkeypatch.undo()
     assert swapped
-    assert [(p.container.container_id, p.args, p.nspid) for p in got.processes.values()] == [
-        (CID, "old", (501, 1))
-    ]
+    assert [(p.container.container_id, p.args, p.nspid) for p in got.processes.values()] == listed
 
 
 AGENT_UID = 65533  # the DaemonSet's runAsUser/runAsGroup (templates/controller/agent.yaml.j2)
