@@ -306,7 +306,7 @@ def scan(
     run = _Pass(proc, uptime, cap)
     whole = set(whole_pods_of)
     pods_wanted: set[str] = set()
-    later: list[int] = []  # placed, not asked for: maybe in a pod of `whole`
+    later: list[tuple[int, str]] = []  # (pid, pod) placed, not asked for: maybe a pod of `whole`
     zombies: list[HostProcess] = []
     for pid in listed:
         lines = run.cgroup(pid)
@@ -322,10 +322,11 @@ def scan(
         if wanted(ref):
             run.take(pid, wanted)
         elif whole:
-            later.append(pid)
+            later.append((pid, ref.pod_uid))
     # The rest of the pods whose pid namespace is listed whole (their sandbox, other containers).
-    for pid in later:
-        run.take(pid, lambda ref: ref.pod_uid in pods_wanted)
+    for pid, pod in later:
+        if pod in pods_wanted:
+            run.take(pid, lambda ref: ref.pod_uid in pods_wanted)
     for z in zombies:
         owner = run.found.get(z.ppid)
         if owner is not None:

@@ -460,3 +460,29 @@ def test_the_agents_own_uid_reads_every_containers_rows_as_root_does(
     finally:
         ns.kill()
         ns.wait()
+
+
+def test_only_the_processes_of_a_listed_pod_are_opened(
+    fake: FakeProc, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A whole pod listed (shared pid namespace): its sandbox is read; the node's other processes
+    # cost the one cgroup read that places them, no directory opened.
+    pod = f"0::/kubepods/pod{UID}"
+    other = "0::/kubepods/pod" + "9" * 8 + "-0000-4000-8000-000000000000"
+    fake.add(501, ppid=9, nspid=(501, 1), cgroup=f"{pod}/{'e' * 64}", argv=["/pause"])
+    fake.add(502, ppid=9, nspid=(502, 2), cgroup=f"{pod}/{CID}", argv=["train"])
+    for pid in range(600, 610):
+        fake.add(pid, ppid=9, nspid=(pid, 1), cgroup=f"{other}/{OTHER}", argv=["x"])
+    opened: list[str] = []
+    real_open = os.open
+
+    def counting_open(path: str, flags: int, *args: object, **kw: object) -> int:
+        if flags & os.O_DIRECTORY:
+            opened.append(str(path).rsplit("/", 1)[-1])
+        return real_open(path, flags, *args, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(procfs.os, "open", counting_open)
+    got = procfs.scan(fake.root, lambda ref: ref.container_id == CID, whole_pods_of=[CID])
+    monkeypatch.undo()
+    assert sorted(got.processes) == [501, 502]
+    assert sorted(opened) == ["501", "502"]
