@@ -220,29 +220,38 @@ class _Pass:
         except (*_GONE, NotADirectoryError):
             return None
 
-    def cgroup(self, pid: int, dir_fd: int | None = None) -> list[str] | None:
-        """Its cgroup lines (through its open directory, or by path to decide whether to look
+    def cgroup(self, pid: int, dir_fd: int | None = None) -> bytes | None:
+        """Its cgroup file (through its open directory, or by path to decide whether to look
         closer); None when it is gone, or counted unplaced when unreadable."""
         try:
             if dir_fd is None:
-                return _lines(_read_whole(f"{self.proc}/{pid}/cgroup", None, _CGROUP_MAX))
-            return _lines(_read_whole("cgroup", dir_fd, _CGROUP_MAX))
+                return _read_whole(f"{self.proc}/{pid}/cgroup", None, _CGROUP_MAX)
+            return _read_whole("cgroup", dir_fd, _CGROUP_MAX)
         except _GONE:
             return None
         except (OSError, ValueError):
             self.unplaced += 1
             return None
 
-    def take(self, pid: int, accept: Callable[[ContainerRef], bool]) -> None:
-        """Read one process through its open directory, if the cgroup read there is still one
-        `accept`s (the pid may be another process's by now), within its container's cap."""
+    def take(
+        self, pid: int, placed: bytes, ref: ContainerRef, accept: Callable[[ContainerRef], bool]
+    ) -> None:
+        """Read one process through its open directory, if the cgroup read there still places it
+        where `placed` did, or somewhere `accept`ed (the pid may be another process's by now),
+        within its container's cap."""
         dir_fd = self.open(pid)
         if dir_fd is None:
             return
         try:
-            lines = self.cgroup(pid, dir_fd)
-            ref = None if lines is None else container_of(lines)
-            if ref is None or not accept(ref) or ref in self.failed:
+            again = self.cgroup(pid, dir_fd)
+            if again is None:
+                return
+            if again != placed:  # another process by now (or moved): placed anew
+                moved = container_of(_lines(again))
+                if moved is None or not accept(moved):
+                    return
+                ref = moved
+            if ref in self.failed:
                 return
             if self.per_container[ref] >= self.max:
                 self.failed[ref] = Incomplete.TOO_MANY_PROCESSES
@@ -306,12 +315,14 @@ def scan(
     run = _Pass(proc, uptime, cap)
     whole = set(whole_pods_of)
     pods_wanted: set[str] = set()
-    later: list[tuple[int, str]] = []  # (pid, pod) placed, not asked for: maybe a pod of `whole`
+    # Placed, not asked for: maybe in a pod of `whole`.
+    later: list[tuple[int, bytes, ContainerRef]] = []
     zombies: list[HostProcess] = []
     for pid in listed:
-        lines = run.cgroup(pid)
-        if lines is None:
+        placed = run.cgroup(pid)
+        if placed is None:
             continue
+        lines = _lines(placed)
         ref = container_of(lines)
         if ref is None:
             if _all_root(lines) and (z := run.zombie(pid)) is not None:
@@ -320,13 +331,13 @@ def scan(
         if ref.container_id in whole:
             pods_wanted.add(ref.pod_uid)
         if wanted(ref):
-            run.take(pid, wanted)
+            run.take(pid, placed, ref, wanted)
         elif whole:
-            later.append((pid, ref.pod_uid))
+            later.append((pid, placed, ref))
     # The rest of the pods whose pid namespace is listed whole (their sandbox, other containers).
-    for pid, pod in later:
-        if pod in pods_wanted:
-            run.take(pid, lambda ref: ref.pod_uid in pods_wanted)
+    for pid, placed, ref in later:
+        if ref.pod_uid in pods_wanted:
+            run.take(pid, placed, ref, lambda r: r.pod_uid in pods_wanted)
     for z in zombies:
         owner = run.found.get(z.ppid)
         if owner is not None:
