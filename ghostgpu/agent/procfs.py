@@ -30,7 +30,7 @@ parent (a zombie's parent is the one that has not reaped it, in the container).
 from __future__ import annotations
 
 import os
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, replace
 from enum import StrEnum
@@ -234,11 +234,14 @@ class _Pass:
             return None
 
     def take(
-        self, pid: int, placed: bytes, ref: ContainerRef, accept: Callable[[ContainerRef], bool]
+        self,
+        pid: int,
+        accept: Callable[[ContainerRef], bool],
+        placed: tuple[bytes, ContainerRef] | None = None,
     ) -> None:
-        """Read one process through its open directory, if the cgroup read there still places it
-        where `placed` did, or somewhere `accept`ed (the pid may be another process's by now),
-        within its container's cap."""
+        """Read one process through its open directory, if the cgroup read there is one `accept`s
+        (the pid may be another process's by now), within its container's cap. `placed`: the
+        cgroup file as first read and where it placed the process (the same bytes need no parse)."""
         dir_fd = self.open(pid)
         if dir_fd is None:
             return
@@ -246,11 +249,12 @@ class _Pass:
             again = self.cgroup(pid, dir_fd)
             if again is None:
                 return
-            if again != placed:  # another process by now (or moved): placed anew
-                moved = container_of(_lines(again))
-                if moved is None or not accept(moved):
+            if placed is not None and again == placed[0]:
+                ref: ContainerRef | None = placed[1]
+            else:  # another process by now, or moved
+                ref = container_of(_lines(again))
+                if ref is None or not accept(ref):
                     return
-                ref = moved
             if ref in self.failed:
                 return
             if self.per_container[ref] >= self.max:
@@ -315,8 +319,8 @@ def scan(
     run = _Pass(proc, uptime, cap)
     whole = set(whole_pods_of)
     pods_wanted: set[str] = set()
-    # Placed, not asked for: maybe in a pod of `whole`.
-    later: list[tuple[int, bytes, ContainerRef]] = []
+    # Placed, not asked for: maybe in a pod of `whole` (pod -> pids: little kept per process).
+    later: dict[str, list[int]] = defaultdict(list)
     zombies: list[HostProcess] = []
     for pid in listed:
         placed = run.cgroup(pid)
@@ -331,13 +335,13 @@ def scan(
         if ref.container_id in whole:
             pods_wanted.add(ref.pod_uid)
         if wanted(ref):
-            run.take(pid, placed, ref, wanted)
+            run.take(pid, wanted, (placed, ref))
         elif whole:
-            later.append((pid, placed, ref))
+            later[ref.pod_uid].append(pid)
     # The rest of the pods whose pid namespace is listed whole (their sandbox, other containers).
-    for pid, placed, ref in later:
-        if ref.pod_uid in pods_wanted:
-            run.take(pid, placed, ref, lambda r: r.pod_uid in pods_wanted)
+    for pod in pods_wanted & later.keys():
+        for pid in later[pod]:
+            run.take(pid, lambda r: r.pod_uid in pods_wanted)
     for z in zombies:
         owner = run.found.get(z.ppid)
         if owner is not None:
