@@ -1,4 +1,5 @@
-"""Actuators: how each kind of workload manager is stopped and restored, as data (DESIGN §4a).
+"""Actuators: how each kind of workload manager is stopped and restored, as data
+(docs/design.md#managers-and-actuators).
 
 A GPU workload's manager is the top of its controller chain (managers.py). A reclaim acts on that
 object through its own stop API, never on a child the manager rewrites. Each row of the table says:

@@ -1,8 +1,8 @@
 """Risk-gated autonomy: score an action, decide act-alone vs escalate, calibrate the thresholds.
 
-Pure (DESIGN §2): no I/O, no clock, no Kubernetes. The controller builds `WorkloadFacts`, calls
-`decide_action()` and obeys the `Decision`; `ghostgpu calibrate` feeds labelled incidents to
-`calibrate()` and prints the thresholds that go back into `AutonomyConfig`.
+Pure (docs/design.md#rooms-and-doors): no I/O, no clock, no Kubernetes. The controller builds
+`WorkloadFacts`, calls `decide_action()` and obeys the `Decision`; `ghostgpu calibrate` feeds
+labelled incidents to `calibrate()` and prints the thresholds that go back into `AutonomyConfig`.
 
 The score (after the published safe-autonomy method for Kubernetes remediation) is a
 weighted sum of terms that are each normalised to [0, 1]:
@@ -586,9 +586,9 @@ def decide_action(
     """The controller's one call: gate `action` on the target described by `facts`.
 
     `verdict` is the verdict kind (`VerdictKind` value, e.g. "FINISHED_IDLE"); its tau comes from
-    `tau_by_type[verdict]`, else the global tau. Belt and braces for DESIGN §4: for a verdict not in
-    `autonomous_verdicts` (ACTIVE, IDLE_HELD, UNKNOWN) a non-observational action is always
-    escalated, whatever its score. Raises ValueError only for an unknown action class.
+    `tau_by_type[verdict]`, else the global tau. Belt and braces for docs/design.md#action: for a
+    verdict not in `autonomous_verdicts` (ACTIVE, IDLE_HELD, UNKNOWN) a non-observational action is
+    always escalated, whatever its score. Raises ValueError only for an unknown action class.
     """
     cfg = config or AutonomyConfig()
     risk = score(action, facts, cfg)

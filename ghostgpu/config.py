@@ -39,7 +39,7 @@ from ghostgpu.image_ref import validate_image_ref
 from ghostgpu.quantity import Duration, Quantity
 from ghostgpu.verdict import ProcessPolicy
 
-# --- the labelling contract (DESIGN §3); fixed, not configurable ---
+# --- the labelling contract (docs/design.md#labelling-contract); fixed, not configurable ---
 OPT_IN_LABEL = "ghostgpu.io/reclaim"
 OPT_IN_VALUE = "enabled"
 TEAM_LABEL = "ghostgpu.io/team"
@@ -534,7 +534,8 @@ class KueueConfig(Model):
         if len(set(frameworks)) != len(frameworks):
             raise ValueError("an integration is listed twice (Kueue rejects duplicates)")
         if not {"pod", "deployment", "statefulset"} <= set(frameworks):
-            # ghostgpu's routing of new workloads (LocalQueue `default`) needs them (DESIGN §3).
+            # ghostgpu's routing of new workloads (LocalQueue `default`) needs them
+            # (docs/design.md#labelling-contract).
             raise ValueError("expected pod, deployment and statefulset among the frameworks")
         return frameworks
 
