@@ -120,13 +120,14 @@ def page() -> str:
         "and exit 2; `--debug` shows the traceback.\n"
     )
     for path, command in commands(tree()):
-        out.append(f"\n## {' '.join(path)}\n\n")
+        blocks = [f"## {' '.join(path)}"]
         if _help(command):
-            out.append(_help(command) + "\n\n")
+            blocks.append(_help(command))
         if _is_group(command):
             subs = [name for name, _ in _subcommands(command, path[-1])]
-            out.append("Commands: " + ", ".join(code(" ".join((*path, s))) for s in subs) + ".\n\n")
+            blocks.append("Commands: " + ", ".join(code(" ".join((*path, s))) for s in subs) + ".")
         rows = _param_rows(command)
         if rows:
-            out.append(table(["option / argument", "type", "default", "help"], rows))
+            blocks.append(table(["option / argument", "type", "default", "help"], rows).rstrip("\n"))
+        out.append("\n" + "\n\n".join(blocks) + "\n")
     return "".join(out)

@@ -113,6 +113,9 @@ def type_name(annotation: Any, metadata: list[Any] | None = None, top: bool = Tr
 
 def _show(field: FieldInfo, value: Any) -> str:
     dumped = TypeAdapter(field.annotation).dump_python(value, mode="json", by_alias=True)
+    if isinstance(dumped, dict) and any(isinstance(v, dict) for v in dumped.values()):
+        # A table of objects (the action classes): its entries' names; their keys follow.
+        return "entries " + ", ".join(code(k) for k in dumped)
     if isinstance(dumped, str):
         return code(dumped) if dumped else '`""`'
     return code(json.dumps(dumped, ensure_ascii=False, separators=(", ", ": ")))
