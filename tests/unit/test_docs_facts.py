@@ -194,3 +194,18 @@ def test_scale_prose_quotes_docs_scale_json(page: str) -> None:
     quoted = re.findall(r"floor\)?[^.|\n]{0,12}?(\d+\.\d+) s\b|(\d+\.\d+) s floor", text)
     stale = [a or b for a, b in quoted if (a or b) not in runs]
     assert stale == [], f"{page} quotes floors of no run in docs/scale.json: {stale}"
+
+
+# Phrases of a lab notebook: a page says what the code does now; history lives in
+# benchmarks/results/ and the commit log.
+NOTEBOOK = re.compile(
+    r"the run before|this round|last run|the run above|earlier version|not yet understood|"
+    r"before this (?:was|setting)|\bround \(|\(this round\)",
+    re.I,
+)
+
+
+def test_no_page_reads_like_a_lab_notebook() -> None:
+    pages = pages_text().items()
+    found = [f"{page}: {m.group(0)!r}" for page, body in pages for m in NOTEBOOK.finditer(body)]
+    assert found == []
