@@ -209,3 +209,16 @@ def test_no_page_reads_like_a_lab_notebook() -> None:
     pages = pages_text().items()
     found = [f"{page}: {m.group(0)!r}" for page, body in pages for m in NOTEBOOK.finditer(body)]
     assert found == []
+
+
+def test_the_architecture_drawing_has_every_running_part() -> None:
+    """What runs in a cluster: the controller and, with processSource agent, the node agent."""
+    svg = (REPO / "docs" / "architecture.svg").read_text(encoding="utf-8")
+    for part in (
+        "ghostgpu controller",
+        "ghostgpu agent (DaemonSet)",
+        "Agent.scan_once()",
+        "Kyverno",
+        "Kueue",
+    ):
+        assert part in svg, part
