@@ -141,6 +141,21 @@ def test_readme_figures_are_the_result_files() -> None:
     assert faults["false_reclaims"] == 0
 
 
+def test_readme_bench_claim_is_docs_bench_table() -> None:
+    """README's '0 false reclaims, 100% recall on 10,000' is the ghostgpu row of docs/bench.md's table
+    (which tests/unit/test_bench.py holds equal to `ghostgpu bench --fault-rate 0.05 --markdown`)."""
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    bench = (REPO / "docs" / "bench.md").read_text(encoding="utf-8")
+    m = re.search(r"(\d+) false reclaims, ([\d.]+)% recall on ([\d,]+) synthetic workloads", readme)
+    assert m, "README no longer quotes the benchmark"
+    assert f"{int(m.group(3).replace(',', '')):,} instances" in bench
+    table = bench.split("<!-- bench:begin -->")[1].split("<!-- bench:end -->")[0]
+    row = next(line for line in table.splitlines() if line.startswith("| ghostgpu ("))  # the detector table
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert int(cells[2].replace(",", "")) == int(m.group(1))  # FP: false reclaims
+    assert float(cells[8].rstrip("%")) == float(m.group(2))  # recall
+
+
 def _agent_scan_rows() -> list[dict[str, float]]:
     return json.loads((REPO / "benchmarks" / "results" / "agent-scan.json").read_text())
 
