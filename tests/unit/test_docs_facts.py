@@ -156,6 +156,16 @@ def test_readme_bench_claim_is_docs_bench_table() -> None:
     assert float(cells[8].rstrip("%")) == float(m.group(2))  # recall
 
 
+def test_readme_quotes_the_measured_image_and_cold_build() -> None:
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    image = (REPO / "docs" / "image.md").read_text(encoding="utf-8")
+    devcluster = (REPO / "docs" / "devcluster.md").read_text(encoding="utf-8")
+    size = re.search(r"mmdebstrap, (\d+) MB uncompressed", readme)
+    assert size and f"| **{size.group(1)} MB**:" in image
+    cold = re.search(r"\(([\d,]+) s in\s+the cold run of", readme)
+    assert cold and f"| `hack/testbin` in all | {cold.group(1)} |" in devcluster
+
+
 def _agent_scan_rows() -> list[dict[str, float]]:
     return json.loads((REPO / "benchmarks" / "results" / "agent-scan.json").read_text())
 
