@@ -166,6 +166,27 @@ def test_readme_quotes_the_measured_image_and_cold_build() -> None:
     assert cold and f"| `hack/testbin` in all | {cold.group(1)} |" in devcluster
 
 
+def test_dashboard_caption_is_docs_dashboard_json() -> None:
+    """docs/dashboard.md's caption tells the h100 gap of the run the picture is drawn from."""
+    from ghostgpu.dashboard.preview import Preview
+
+    preview = Preview.model_validate_json((REPO / "docs" / "dashboard.json").read_text())
+    [panel] = [p for p in preview.panels if p.title.startswith("Accounting gap")]
+    series = {s.name: [v for _, v in s.points] for q in panel.queries for s in q.series}
+    text = " ".join((REPO / "docs" / "dashboard.md").read_text(encoding="utf-8").split())
+    m = re.search(
+        r"Kueue believes all (\d+) free, (\d+) truly are, and the \*\*h100 gap\*\* is the (\d+) GPUs "
+        r".*? It closes by (\d+), to (\d+),",
+        text,
+    )
+    assert m, "docs/dashboard.md no longer tells the h100 gap"
+    believed, free, gap, closed, left = map(int, m.groups())
+    assert series["h100 Kueue believes free"][0] == believed
+    assert series["h100 truly free"][0] == free
+    assert series["h100 gap"][0] == gap == believed - free
+    assert series["h100 gap"][-1] == left == gap - closed
+
+
 def _agent_scan_rows() -> list[dict[str, float]]:
     return json.loads((REPO / "benchmarks" / "results" / "agent-scan.json").read_text())
 
