@@ -347,7 +347,7 @@ def builtin_actuators() -> list[Actuator]:
     return [
         a(group="apps", version="v1", kind="Deployment", plural="deployments", stop="scale",
           replicas="/spec/replicas", containers=_TEMPLATE, base_risk=0.15,
-          note="scale subresource to 0; an HPA stops scaling at 0 (ScalingDisabled)"),
+          note="an HPA above it stops scaling at 0: ScalingDisabled"),
         a(group="apps", version="v1", kind="StatefulSet", plural="statefulsets", stop="scale",
           replicas="/spec/replicas", containers=_TEMPLATE, base_risk=0.15),
         a(group="kubeflow.org", version="v1", kind="Notebook", plural="notebooks", stop="annotation",
