@@ -45,7 +45,12 @@ JOBS = ResourceType("batch/v1", "jobs", kind="Job")  # read only: the owner chai
 CLUSTERQUEUES = ResourceType("kueue.x-k8s.io/v1beta2", "clusterqueues", namespaced=False, kind="ClusterQueue")
 LEASES = ResourceType("coordination.k8s.io/v1", "leases", kind="Lease")
 CONFIGMAPS = ResourceType("v1", "configmaps", kind="ConfigMap")
-RESOURCE_OF_KIND = {"Deployment": DEPLOYMENTS, "StatefulSet": STATEFULSETS, "Pod": PODS}
+# (API group, kind) -> resource; managers.register_kinds adds the actuator table's manager kinds.
+RESOURCE_OF_KIND: dict[tuple[str, str], ResourceType] = {
+    ("apps", "Deployment"): DEPLOYMENTS,
+    ("apps", "StatefulSet"): STATEFULSETS,
+    ("", "Pod"): PODS,
+}
 
 
 class Conflict(Exception):
@@ -241,7 +246,7 @@ class Cluster:
         self.field_manager = field_manager
 
     async def get(self, ref: WorkloadRef) -> dict[str, Any]:
-        rt = RESOURCE_OF_KIND[ref.kind]
+        rt = RESOURCE_OF_KIND[ref.group_kind]
         try:
             async with self.api.call_api(
                 "GET", version=rt.version, namespace=ref.namespace, url=f"{rt.plural}/{ref.name}"
@@ -285,7 +290,7 @@ class Cluster:
         changes and actions, never on the poll path. A cheaper check (e.g. "does the namespace have
         a LocalQueue `default`?") would encode one Kueue version's rule; the dry-run asks the
         admission chain itself, whatever webhooks and versions are installed."""
-        rt = RESOURCE_OF_KIND[ref.kind]
+        rt = RESOURCE_OF_KIND[ref.group_kind]
         meta: dict[str, Any] = {"annotations": dict(annotations)}
         if resource_version:
             meta["resourceVersion"] = resource_version
@@ -309,7 +314,7 @@ class Cluster:
         """A merge patch of any part of the object (a manager's stop: `spec.suspend`, an annotation
         and its record together), guarded like patch_annotations: a dry-run first, and nothing is
         written if the admission chain would change Kueue's fields (WouldMutate)."""
-        rt = RESOURCE_OF_KIND[ref.kind]
+        rt = RESOURCE_OF_KIND[ref.group_kind]
         body_obj = dict(patch)
         if resource_version:
             body_obj["metadata"] = {**(body_obj.get("metadata") or {}), "resourceVersion": resource_version}
@@ -358,7 +363,7 @@ class Cluster:
         """Through the scale subresource (needs only `<kind>/scale` patch rights). With
         `resource_version` the scale applies only if the workload is unchanged since that read
         (the Scale's resourceVersion is the workload's; 409 -> Conflict)."""
-        rt = RESOURCE_OF_KIND[ref.kind]
+        rt = RESOURCE_OF_KIND[ref.group_kind]
         body: dict[str, Any] = {"spec": {"replicas": replicas}}
         if resource_version:
             body["metadata"] = {"resourceVersion": resource_version}
@@ -412,6 +417,29 @@ class Cluster:
         except ServerError as exc:
             if status_of(exc) == 409:
                 raise Conflict(f"ConfigMap/{namespace}/{name}") from exc
+            raise
+
+    async def create_object(self, plural: str, obj: Mapping[str, Any]) -> dict[str, Any]:
+        """Create a namespaced object (an actuator's `stop: create`, e.g. Volcano's Command) as this
+        field manager; 404 (no CRD, or the namespace went) -> NotFound, 403/422 -> AdmissionDenied."""
+        meta = obj.get("metadata") or {}
+        namespace = meta.get("namespace", "")
+        try:
+            async with self.api.call_api(
+                "POST",
+                version=str(obj.get("apiVersion", "")),
+                namespace=namespace,
+                url=plural,
+                params={"fieldManager": self.field_manager},
+                content=json.dumps(obj),
+            ) as resp:
+                return dict(resp.json())
+        except ServerError as exc:
+            code = status_of(exc)
+            if code == 404:
+                raise NotFound(f"{obj.get('kind')}/{namespace}: {exc}") from exc
+            if code in (400, 403, 422):
+                raise AdmissionDenied(str(exc)[:300]) from exc
             raise
 
     async def replace_configmap(self, obj: Mapping[str, Any]) -> dict[str, Any]:

@@ -517,7 +517,7 @@ NO_STOP_KINDS = {"RayService": "kuberay"}
 
 def manager_object(kind: str, name: str, ns: str) -> dict[str, Any]:
     """One object of each built-in manager kind, with a GPU pod template where the kind has one."""
-    a = ActuatorTable().by_kind[kind]
+    a = ActuatorTable().only(kind)
     meta = {"name": name, "namespace": ns, "labels": {"app": name}, "annotations": {"team": "ml"}}
     spec: dict[str, Any]
     if kind == "RayCluster":
@@ -566,7 +566,7 @@ def install_crd_of(dc: DevCluster, kind: str) -> None:
     """The CRD of `kind` (skips when hack/testbin has not built it); the owner-crds ones come
     with the devcluster."""
     source = CRD_SOURCE.get(kind) or NO_STOP_KINDS[kind]
-    a = ActuatorTable().by_kind[kind]
+    a = ActuatorTable().only(kind)
     if source == "kuberay":
         d = kuberay_dir() / "crds"
         if not d.exists():
@@ -610,7 +610,7 @@ class Actor:
         return cls(rec, api)
 
     async def stop(self, obj: Mapping[str, Any]) -> str:
-        a = self.rec.actuators.by_kind[obj["kind"]]
+        a = self.rec.actuators.only(obj["kind"])
         wl = manager_workload(a, obj, gpu_predicate(["nvidia.com/gpu"]))
         verdict = Verdict(kind=VerdictKind.FINISHED_IDLE, rule=Rule.GHOSTGPU, reasons=())
         if a.stop == "scale":
@@ -619,7 +619,7 @@ class Actor:
 
 
 def get_object(dc: DevCluster, kind: str, ns: str, name: str) -> dict[str, Any]:
-    a = ActuatorTable().by_kind[kind]
+    a = ActuatorTable().only(kind)
     custom = client.CustomObjectsApi(dc.kube.api_client)
     return custom.get_namespaced_custom_object(a.group, a.version, ns, a.plural, name)
 
@@ -648,7 +648,7 @@ async def test_every_manager_actuator_stops_and_restores_exactly_against_its_crd
     kind: str, devcluster: DevCluster, make_namespace: Callable[..., str], tmp_path: Path
 ) -> None:
     install_crd_of(devcluster, kind)
-    a = ActuatorTable().by_kind[kind]
+    a = ActuatorTable().only(kind)
     ns, name = make_namespace(prefix="act"), f"{kind.lower()}-1"
     created = devcluster.kube.apply(manager_object(kind, name, ns)).to_dict()
     before = user_view(get_object(devcluster, kind, ns, name))
@@ -702,7 +702,7 @@ async def test_a_kind_with_no_stop_is_never_written(
     ns, name = make_namespace(prefix="act"), "rayservice-1"
     devcluster.kube.apply(manager_object("RayService", name, ns))
     before = get_object(devcluster, "RayService", ns, name)
-    assert manager_workload(ActuatorTable().by_kind["RayService"], before, gpu_predicate([])).no_actuator
+    assert manager_workload(ActuatorTable().only("RayService"), before, gpu_predicate([])).no_actuator
     actor = await Actor.start(devcluster, tmp_path)
     assert await actor.stop(before) == "unstoppable"
     after = get_object(devcluster, "RayService", ns, name)
@@ -737,7 +737,7 @@ async def test_faults_during_an_owner_stop_never_reclaim_falsely_nor_lose_record
     resourceVersion precondition, a real 404), or, for a scale stop, between the record and the
     scale. Afterwards: nothing stopped, no Reclaimed Event and no reclaim counted, no record left
     without its stop; a later stop and `ghostgpu restore` still work exactly."""
-    a = ActuatorTable().by_kind[kind]
+    a = ActuatorTable().only(kind)
     if fault.endswith("after-record") and a.stop != "scale":
         pytest.skip("an annotation or field stop is one write with its record: no 'after the record'")
     install_crd_of(devcluster, kind)
