@@ -205,15 +205,19 @@ _NAMES_CLAIM_TEMPLATE = (
 _NAMES_ANY = "has(c.resourceClaimTemplateName)"
 
 
-def _is_row(a: Actuator) -> str:
-    """CEL: the object is of this row's group and kind (two groups may name a kind alike)."""
-    return f"object.kind == {cel(a.kind)} && object.apiVersion.startsWith({cel(a.group + '/')})"
+def _is_row(a: Actuator, table: ActuatorTable) -> str:
+    """CEL: the object is of this row's kind, and of its group where another tracked row has the
+    kind too (a user row for batch/v1 Jobs beside Volcano's): the resourceRules admit only the
+    rows' groups and resources, so a kind one row has needs no group test."""
+    same_kind = sum(1 for b in table.tracked() if b.kind == a.kind)
+    group = f" && object.apiVersion.startsWith({cel(a.group + '/')})" if same_kind > 1 else ""
+    return f"object.kind == {cel(a.kind)}{group}"
 
 
 def _manager_gpu(table: ActuatorTable, resources_cel: str) -> str:
     """CEL: the object is one of the actuator table's manager kinds and one of its pod templates
     requests a GPU (actuators.gpu_cel, from the same pointers the controller counts GPUs at)."""
-    parts = [f"({_is_row(a)} && ({gpu_cel(a, resources_cel)}))" for a in table.tracked()]
+    parts = [f"({_is_row(a, table)} && ({gpu_cel(a, resources_cel)}))" for a in table.tracked()]
     return " || ".join(parts) if parts else "false"
 
 
@@ -223,7 +227,7 @@ def _manager_claims(table: ActuatorTable, claim: str) -> str:
     claim lists (a NIMService's `draResources`) satisfies `claim`; empty when no tracked kind has
     either."""
     kinds = [a for a in table.tracked() if pod_spec_pointers(a) or a.claims]
-    parts = [f"({_is_row(a)} && ({claim_cel(a, claim)}))" for a in kinds]
+    parts = [f"({_is_row(a, table)} && ({claim_cel(a, claim)}))" for a in kinds]
     return " || ".join(parts)
 
 

@@ -23,6 +23,7 @@ import orjson
 from kr8s._exceptions import ServerError
 
 from ghostgpu.controller import keys
+from ghostgpu.controller.creating import ObjectCreator
 from ghostgpu.controller.inventory import WorkloadRef
 
 log = logging.getLogger("ghostgpu.controller.kube")
@@ -45,12 +46,7 @@ JOBS = ResourceType("batch/v1", "jobs", kind="Job")  # read only: the owner chai
 CLUSTERQUEUES = ResourceType("kueue.x-k8s.io/v1beta2", "clusterqueues", namespaced=False, kind="ClusterQueue")
 LEASES = ResourceType("coordination.k8s.io/v1", "leases", kind="Lease")
 CONFIGMAPS = ResourceType("v1", "configmaps", kind="ConfigMap")
-# (API group, kind) -> resource; managers.register_kinds adds the actuator table's manager kinds.
-RESOURCE_OF_KIND: dict[tuple[str, str], ResourceType] = {
-    ("apps", "Deployment"): DEPLOYMENTS,
-    ("apps", "StatefulSet"): STATEFULSETS,
-    ("", "Pod"): PODS,
-}
+RESOURCE_OF_KIND = {(g, rt.kind): rt for g, rt in (("apps", DEPLOYMENTS), ("apps", STATEFULSETS), ("", PODS))}
 
 
 class Conflict(Exception):
@@ -235,7 +231,7 @@ def now_rfc3339() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-class Cluster:
+class Cluster(ObjectCreator):
     """Fresh reads and guarded writes."""
 
     def __init__(self, api: Any, *, instance: str, field_manager: str = keys.COMPONENT) -> None:
@@ -417,29 +413,6 @@ class Cluster:
         except ServerError as exc:
             if status_of(exc) == 409:
                 raise Conflict(f"ConfigMap/{namespace}/{name}") from exc
-            raise
-
-    async def create_object(self, plural: str, obj: Mapping[str, Any]) -> dict[str, Any]:
-        """Create a namespaced object (an actuator's `stop: create`, e.g. Volcano's Command) as this
-        field manager; 404 (no CRD, or the namespace went) -> NotFound, 403/422 -> AdmissionDenied."""
-        meta = obj.get("metadata") or {}
-        namespace = meta.get("namespace", "")
-        try:
-            async with self.api.call_api(
-                "POST",
-                version=str(obj.get("apiVersion", "")),
-                namespace=namespace,
-                url=plural,
-                params={"fieldManager": self.field_manager},
-                content=json.dumps(obj),
-            ) as resp:
-                return dict(resp.json())
-        except ServerError as exc:
-            code = status_of(exc)
-            if code == 404:
-                raise NotFound(f"{obj.get('kind')}/{namespace}: {exc}") from exc
-            if code in (400, 403, 422):
-                raise AdmissionDenied(str(exc)[:300]) from exc
             raise
 
     async def replace_configmap(self, obj: Mapping[str, Any]) -> dict[str, Any]:

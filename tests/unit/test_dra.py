@@ -273,8 +273,7 @@ def test_manager_kinds_whose_pod_templates_name_a_gpu_claim_template_are_tracked
     # matchConditions cannot read variables: a manager naming a template must pass them.
     [match] = policy["spec"]["matchConditions"]
     assert (
-        "(object.kind == 'RayCluster' && object.apiVersion.startsWith('ray.io/')"
-        " && (object.?spec.?headGroupSpec.?template.?spec.?resourceClaims"
+        "(object.kind == 'RayCluster' && (object.?spec.?headGroupSpec.?template.?spec.?resourceClaims"
         ".orValue([]).exists(c, has(c.resourceClaimTemplateName)) || object.?spec.?workerGroupSpecs"
         ".orValue([]).exists(x0, x0.?template.?spec.?resourceClaims.orValue([])"
         ".exists(c, has(c.resourceClaimTemplateName)))))"
@@ -297,8 +296,7 @@ def test_pod_specs_are_the_parents_of_a_kinds_container_lists() -> None:
     )
     claims = {v["name"]: v["expression"] for v in tracking_policy(DRA)["spec"]["variables"]}
     assert (
-        "(object.kind == 'NIMService' && object.apiVersion.startsWith('apps.nvidia.com/') && "
-        "(object.?spec.?draResources.orValue([]).exists(c, "
+        "(object.kind == 'NIMService' && (object.?spec.?draResources.orValue([]).exists(c, "
         "c.?resourceClaimTemplateName.orValue('') == t.metadata.name)))"
     ) in claims["managerClaimsGpu"]
 

@@ -11,14 +11,16 @@ import json
 from typing import Any
 
 import pytest
+import yaml
 from pydantic import ValidationError
 
 from ghostgpu.actuators import RECLAIMED_FROM_RECORD, ActuatorTable, known_groups
-from ghostgpu.config import ConfigError, ControllerConfig, load_config_text
+from ghostgpu.config import ConfigError, ControllerConfig, load_config_text, load_default_config
 from ghostgpu.controller.act.stops import restore, stop
 from ghostgpu.controller.inventory import WorkloadRef, gpu_predicate, pod_view
 from ghostgpu.controller.managers import Resolver, manager_workload
 from ghostgpu.controller.ops import RestoreError, parse_target
+from ghostgpu.render import render_bundles
 from tests.unit.test_managers import FakeApi
 
 IS_GPU = gpu_predicate(["nvidia.com/gpu"])
@@ -189,3 +191,28 @@ def test_the_table_reads_as_rows_with_group_kind_stop_restore_and_risk() -> None
         "/spec/runPolicy/suspend=True",
         "/spec/runPolicy/suspend back to the recorded value",
     )
+
+
+def test_the_tracking_policy_tests_the_group_where_two_rows_share_a_kind() -> None:
+    def track_condition(cfg: Any) -> str:
+        text = render_bundles(cfg)["policies/track-gpu-workloads.yaml"]
+        [policy, _] = [d for d in yaml.safe_load_all(text) if d]
+        return next(v for v in policy["spec"]["variables"] if v["name"] == "shouldTrack")["expression"]
+
+    cfg = load_default_config()
+    # built-ins: Volcano's is the only row of kind Job, and the policy admits only its group's jobs
+    plain = track_condition(cfg)
+    assert "object.kind == 'Job' && (object.?spec.?tasks" in plain and "apiVersion.startsWith" not in plain
+    row = {"group": "batch", "version": "v1", "kind": "Job", "plural": "jobs", "stop": "field",
+           "field": "/spec/suspend", "value": True,
+           "containers": ["/spec/template/spec/containers"]}  # fmt: skip
+    ctrl = cfg.controller.model_copy(
+        update={"actuators": ControllerConfig.model_validate({"actuators": [row]}).actuators}
+    )
+    both = track_condition(cfg.model_copy(update={"controller": ctrl}))
+    assert (
+        "object.kind == 'Job' && object.apiVersion.startsWith('batch.volcano.sh/') && (object.?spec.?tasks"
+        in both
+    )
+    assert "object.kind == 'Job' && object.apiVersion.startsWith('batch/') && (object.?spec.?template" in both
+    assert "object.kind == 'RayCluster' && (" in both  # a kind one row has: no group test
