@@ -236,7 +236,7 @@ class EscalationSettings(_Model):
 class AutonomyConfig(_Model):
     """The `controller.autonomy` section of ghostgpu.yaml.
 
-    tau: global threshold, used for every type without its own entry. The default 0.25 is the
+    tau: global threshold, used for every type without its own entry. The default 0.275 is the
     global tau that `ghostgpu calibrate` yields on the built-in incident set with the default
     weights and a 2 % ceiling (docs/autonomy.md; the publication's own set gave 0.325).
     tau_by_type: per verdict kind (FINISHED_IDLE, ZOMBIE_CRASHED, ...) or incident type
@@ -245,7 +245,7 @@ class AutonomyConfig(_Model):
     for any other verdict (ACTIVE, IDLE_HELD, UNKNOWN) only annotate/Event/notify can.
     """
 
-    tau: NonNegFloat = 0.25
+    tau: NonNegFloat = 0.275
     tau_by_type: dict[str, NonNegFloat] = Field(default_factory=dict)
     weights: RiskWeights = Field(default_factory=RiskWeights)
     scale: BlastScale = Field(default_factory=BlastScale)
