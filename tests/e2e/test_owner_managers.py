@@ -15,6 +15,11 @@
   KubeRay; else the double): the controller's own stop (Reconciler.stop_manager/scale_to_zero) and
   `ghostgpu restore KIND/NAME` are both accepted by the apiserver's schema, the record lives on the
   top object, and restore puts the object back exactly.
+- Volcano's batch.volcano.sh Job (its CRD and its job controller's Command path are TEST DOUBLES:
+  tests/doubles/crds, owner_double.VolcanoJobControllerDouble): the controller's stop creates an
+  AbortJob Command the double reads, the Job is Aborted, a batch/v1 Job of the same name in the same
+  namespace is never written, and `ghostgpu restore job.batch.volcano.sh/NAME` creates the ResumeJob
+  Command that brings it back.
 - Faults during an owner's stop (a real 409 from a concurrent write, the owner deleted mid-action;
   for a scale stop also between the record and the scale): 0 false reclaims, 0 lost records.
 """
@@ -33,7 +38,7 @@ import pytest
 import yaml
 from cli_runs import restore
 from kubernetes import client
-from owner_double import STOP_ANNOTATION, NotebookControllerDouble
+from owner_double import STOP_ANNOTATION, NotebookControllerDouble, VolcanoJobControllerDouble
 from proctables import FINISHED
 from test_controller import H100, LEASE_NS, REPO, WINDOW, Controller, controller_config, wait_for
 
@@ -47,7 +52,7 @@ from ghostgpu.actuators import (
 )
 from ghostgpu.config import ControllerConfig
 from ghostgpu.controller.books.decisions import DecisionLog
-from ghostgpu.controller.inventory import gpu_predicate
+from ghostgpu.controller.inventory import WorkloadRef, gpu_predicate
 from ghostgpu.controller.kube import Cluster
 from ghostgpu.controller.managers import manager_workload, register_kinds
 from ghostgpu.controller.metrics import ControllerMetrics
@@ -496,7 +501,8 @@ GPU_POD = {
 }
 # Where each manager kind's CRD comes from: the project's own (hack/testbin owner-crds, kuberay),
 # else a test double (tests/doubles/README.md). The devcluster installs the owner-crds ones; the
-# owner-crds-extra ones (JobSet, TrainJob, PyTorchJob, LLMInferenceService) are installed here.
+# owner-crds-extra ones (JobSet, TrainJob, PyTorchJob, TFJob, MPIJob, LLMInferenceService) are
+# installed here. "Job" is Volcano's batch.volcano.sh Job (the only built-in row of that kind).
 CRD_SOURCE = {
     "RayCluster": "kuberay",
     "LeaderWorkerSet": "owner-crds",
@@ -509,7 +515,10 @@ CRD_SOURCE = {
     "JobSet": "owner-crds-extra",
     "TrainJob": "owner-crds-extra",
     "PyTorchJob": "owner-crds-extra",
+    "TFJob": "owner-crds-extra",
+    "MPIJob": "owner-crds-extra",
     "LLMInferenceService": "owner-crds-extra",
+    "Job": "double",
 }
 # Tracked and counted, but no stop its controller honours: never written (stop: none).
 NO_STOP_KINDS = {"RayService": "kuberay"}
@@ -554,6 +563,16 @@ def manager_object(kind: str, name: str, ns: str) -> dict[str, Any]:
         spec = {"pytorchReplicaSpecs": {
             "Master": {"replicas": 1, "restartPolicy": "OnFailure", "template": template},
             "Worker": {"replicas": 2, "restartPolicy": "OnFailure", "template": template}}}  # fmt: skip
+    elif kind in ("TFJob", "MPIJob"):
+        template = {"spec": {**GPU_POD, "containers": [{**GPU_POD["containers"][0], "name": "main"}]}}
+        roles = ("Chief", "Worker") if kind == "TFJob" else ("Launcher", "Worker")
+        specs = {r: {"replicas": 2 if r == "Worker" else 1, "restartPolicy": "OnFailure",
+                     "template": template} for r in roles}  # fmt: skip
+        spec = {"tfReplicaSpecs" if kind == "TFJob" else "mpiReplicaSpecs": specs}
+    elif kind == "Job":  # Volcano's
+        spec = {"minAvailable": 2, "schedulerName": "volcano", "maxRetry": 3,
+                "tasks": [{"name": "worker", "replicas": 2,
+                           "template": {"spec": {**GPU_POD, "restartPolicy": "OnFailure"}}}]}  # fmt: skip
     elif kind == "LLMInferenceService":
         spec = {"model": {"uri": "hf://Qwen/Qwen2.5-7B-Instruct"}, "replicas": 2,
                 "template": {"containers": [{"name": "main", "resources": GPU}]}}  # fmt: skip
@@ -573,7 +592,9 @@ def install_crd_of(dc: DevCluster, kind: str) -> None:
             pytest.skip(f"KubeRay's CRDs not built (run hack/testbin kuberay): {d}")
         apply_crds(dc, sorted(d.glob("*.yaml")))
     elif source == "double":
-        apply_crds(dc, [DOUBLES / f"{a.plural}.{a.group}.yaml"])
+        # Volcano's stop object, the Command, comes with its Job (both doubles)
+        extra = [DOUBLES / "commands.bus.volcano.sh.yaml"] if a.group == "batch.volcano.sh" else []
+        apply_crds(dc, [DOUBLES / f"{a.plural}.{a.group}.yaml", *extra])
     elif source == "owner-crds-extra":  # real, from their modules: installed here, not at start
         d = Toolchain.locate().owner_crd_dir.parent / "extra"
         files = [f for f in sorted(d.glob("*.yaml")) if f.name.startswith(f"{a.group}_{a.plural}.")]
@@ -640,7 +661,8 @@ STOPPED_OUTCOME = {"scale": "scaled-to-zero"}
 # between the controller's read and its stop: the stop is then a 409 ("conflict", by design: the
 # next poll retries), seen once in a full CI run. The exact comparison covers the kinds no
 # controller touches.
-EXACT_KINDS = sorted(set(CRD_SOURCE) - {"RayCluster"})
+# Volcano's Job is stopped once its controller reads the Command: its own test below, with the double.
+EXACT_KINDS = sorted(set(CRD_SOURCE) - {"RayCluster", "Job"})
 
 
 @pytest.mark.parametrize("kind", EXACT_KINDS)
@@ -665,7 +687,7 @@ async def test_every_manager_actuator_stops_and_restores_exactly_against_its_crd
     else:
         assert set(json.loads(record)) == set(a.writes)
     assert events(devcluster, ns, name, "Reclaimed", kind) == 1
-    out = restore(devcluster, f"{kind.lower()}/{name}", ns)
+    out = restore(devcluster, WorkloadRef(kind, ns, name, a.group).target, ns)
     assert out.returncode == 0, out.stderr
     after = get_object(devcluster, kind, ns, name)
     assert not a.is_stopped(after)
@@ -677,7 +699,8 @@ async def test_every_manager_actuator_stops_and_restores_exactly_against_its_crd
     assert not [k for k in after["metadata"].get("annotations") or {} if k.startswith("ghostgpu.io/")]
 
 
-NEW_OWNER_KINDS = ["JobSet", "LLMInferenceService", "PyTorchJob", "RayJob", "RayService", "TrainJob"]
+NEW_OWNER_KINDS = ["JobSet", "LLMInferenceService", "PyTorchJob", "RayJob", "RayService", "TrainJob",
+                   "TFJob", "MPIJob", "Job"]  # fmt: skip
 
 
 @pytest.mark.parametrize("kind", NEW_OWNER_KINDS)
@@ -713,6 +736,53 @@ async def test_a_kind_with_no_stop_is_never_written(
     assert user_view(after) == user_view(before)
     assert not ghostgpu_annotations(after)
     assert events(devcluster, ns, name, "Reclaimed") == 0
+
+
+async def test_a_volcano_job_is_stopped_by_a_command_and_a_batch_job_of_its_name_is_left_alone(
+    devcluster: DevCluster, make_namespace: Callable[..., str], tmp_path: Path
+) -> None:
+    """Volcano's Job and a batch/v1 Job, same name, one namespace: each is handled by its own row.
+    The controller's stop writes the record on the Volcano Job and creates an AbortJob Command owned
+    by it; Volcano's job controller (a TEST DOUBLE of its Command path) reads it and the Job is
+    Aborted. The batch Job is never written. `ghostgpu restore job/NAME` is refused (two groups
+    have kind Job); `job.batch.volcano.sh/NAME` creates the ResumeJob Command and clears the record."""
+    install_crd_of(devcluster, "Job")
+    a = ActuatorTable().get("batch.volcano.sh", "Job")
+    assert a is not None
+    ns, name = make_namespace(prefix="volcano"), "train"
+    custom = client.CustomObjectsApi(devcluster.kube.api_client)
+    batch = client.BatchV1Api(devcluster.kube.api_client)
+    pod_spec = {**GPU_POD, "restartPolicy": "Never"}
+    batch_job = {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": name, "namespace": ns},
+                 "spec": {"suspend": True, "template": {"spec": pod_spec}}}  # fmt: skip
+    devcluster.kube.apply(batch_job)
+    devcluster.kube.apply(manager_object("Job", name, ns))
+    path = ("batch.volcano.sh", "v1alpha1", ns, "jobs", name)
+    custom.patch_namespaced_custom_object_status(*path, {"status": {"state": {"phase": "Running"}}})
+    batch_before = batch.read_namespaced_job(name, ns).metadata.resource_version
+    before = user_view(get_object(devcluster, "Job", ns, name))
+    actor = await Actor.start(devcluster, tmp_path)
+    with VolcanoJobControllerDouble(devcluster.kube.api_client, ns) as volcano:
+        assert await actor.stop(get_object(devcluster, "Job", ns, name)) == "stopped"
+        wait_for(lambda: a.is_stopped(get_object(devcluster, "Job", ns, name)), 30, "the Job Aborted")
+        assert volcano.handled == [(name, "AbortJob")]
+        stopped = get_object(devcluster, "Job", ns, name)
+        assert json.loads(stopped["metadata"]["annotations"][RECLAIMED_FROM_RECORD]) == {}
+        assert user_view(stopped) == before, "the stop writes nothing on the Job but its record"
+        assert events(devcluster, ns, name, "Reclaimed", "Job") == 1
+        out = restore(devcluster, f"job/{name}", ns)
+        assert out.returncode == 1 and "job.batch.volcano.sh/train" in out.stderr, out.stderr
+        out = restore(devcluster, f"job.batch.volcano.sh/{name}", ns)
+        assert out.returncode == 0, out.stderr
+        wait_for(lambda: not a.is_stopped(get_object(devcluster, "Job", ns, name)), 30, "the Job resumed")
+        assert volcano.handled == [(name, "AbortJob"), (name, "ResumeJob")]
+    after = get_object(devcluster, "Job", ns, name)
+    assert user_view(after) == before and not ghostgpu_annotations(after)
+    left = custom.list_namespaced_custom_object("bus.volcano.sh", "v1alpha1", ns, "commands")["items"]
+    assert left == [], "Volcano deletes each Command it read"
+    bj = batch.read_namespaced_job(name, ns)
+    assert bj.metadata.resource_version == batch_before and bj.spec.suspend is True
+    assert not [k for k in bj.metadata.annotations or {} if k.startswith("ghostgpu.io/")]
 
 
 # --- faults during an owner's stop: a real 409, the owner deleted mid-action ----------------------
