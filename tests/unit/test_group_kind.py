@@ -153,6 +153,9 @@ def test_volcano_is_stopped_by_an_abortjob_command_and_restored_by_a_resumejob_c
         and job["spec"] == volcano_job("train")["spec"]
     )
     assert not a.is_stopped(job)  # until Volcano reports it
+    # asked already: the next poll creates no second Command while Volcano has not acted
+    assert asyncio.run(stop(api, ref, a, is_leader=True)).outcome == "already-asked"
+    assert len(api.created) == 1
     job["status"]["state"]["phase"] = "Aborted"
     assert a.is_stopped(job)
     assert asyncio.run(stop(api, ref, a, is_leader=True)).outcome == "already-stopped"

@@ -31,7 +31,8 @@ log = logging.getLogger("ghostgpu.controller")
 
 @dataclass(frozen=True)
 class StopOutcome:
-    # "stopped", "gone", "already-stopped", "exempt", "unstoppable" (the stop's `requires` no longer
+    # "stopped", "gone", "already-stopped", "already-asked" (a create row's object is there and its
+    # controller has not acted yet), "exempt", "unstoppable" (the stop's `requires` no longer
     # hold: judged again, then escalated), "not-leader", "conflict", "blocked", or what
     # `before` answered (a revert mark, the GitOps pre-flight)
     outcome: str
@@ -68,6 +69,12 @@ async def read_for_write(
 def _not_to_stop(a: Actuator, fresh: Mapping[str, Any]) -> str | None:
     if a.is_stopped(fresh):
         return "already-stopped"  # someone (a person, the other replica) did
+    if a.stop == "create" and RECLAIMED_FROM_RECORD in (
+        (fresh.get("metadata") or {}).get("annotations") or {}
+    ):
+        # Asked already; its controller has not acted yet (or is not running): one object per stop,
+        # never one per poll. A stop undone since is the revert guard's (it removes the record).
+        return "already-asked"
     if not a.can_stop(fresh):  # changed since the cache saw it (a RayJob's shutdownAfterJobFinishes)
         return "unstoppable"
     return None
