@@ -103,6 +103,8 @@ def parse_target(target: str, namespace: str, table: ActuatorTable | None = None
         choices = " or ".join(sorted(f"{k.lower()}.{g}/{name}" for g, k in found))
         raise RestoreError(f"kind {kind_part!r} is in more than one API group: name one, {choices}")
     ((group, kind),) = found
+    if (group, kind) not in _restorable(table):  # a bare `job.batch`: no row, never stopped
+        raise RestoreError(f"{kind.lower()}.{group} has no actuator row: ghostgpu never stops it")
     return WorkloadRef(kind, namespace, name, group)
 
 

@@ -124,6 +124,8 @@ def test_restore_takes_kind_name_when_unambiguous_and_kind_group_name_always() -
         parse_target("job/x", NS)
     with pytest.raises(RestoreError, match="no kind ghostgpu restores"):
         parse_target("job.example.com/x", NS)
+    with pytest.raises(RestoreError, match=r"job\.batch has no actuator row"):
+        parse_target("job.batch/x", NS)
     # the name an Event tells a person to restore is one parse_target takes back
     ref = WorkloadRef("Job", NS, "x", "batch.volcano.sh")
     assert ref.target == "job.batch.volcano.sh/x" and parse_target(ref.target, NS) == ref
