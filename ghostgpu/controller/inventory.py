@@ -431,16 +431,16 @@ def selector_matches(selector: Mapping[str, Any] | None, labels: Mapping[str, st
 def owner_workload(pod: PodView) -> WorkloadRef | None:
     """The Deployment/StatefulSet that owns this pod, or the pod itself if it is bare."""
     if pod.owner_kind is None:
-        return WorkloadRef("Pod", pod.namespace, pod.name)
+        return WorkloadRef("Pod", pod.namespace, pod.name, "")
     if pod.owner_group not in (None, "apps"):  # another group's StatefulSet or ReplicaSet kind
         return None
     if pod.owner_kind == "StatefulSet" and pod.owner_name:
-        return WorkloadRef("StatefulSet", pod.namespace, pod.owner_name)
+        return WorkloadRef("StatefulSet", pod.namespace, pod.owner_name, "apps")
     if pod.owner_kind == "ReplicaSet" and pod.owner_name:
         # A Deployment's ReplicaSet is named "<deployment>-<pod-template-hash>".
         h = pod.labels.get("pod-template-hash")
         if h and pod.owner_name.endswith(f"-{h}"):
-            return WorkloadRef("Deployment", pod.namespace, pod.owner_name[: -len(h) - 1])
+            return WorkloadRef("Deployment", pod.namespace, pod.owner_name[: -len(h) - 1], "apps")
     return None
 
 
