@@ -1,4 +1,5 @@
-"""Actuators: how each kind of workload manager is stopped and restored, as data (docs/managers.md).
+"""Actuators: how each kind of workload manager is stopped and restored, as data
+(docs/design.md#managers-and-actuators).
 
 A GPU workload's manager is the top of its controller chain (managers.py). A reclaim acts on that
 object through its own stop API, never on a child the manager rewrites. Each row of the table says:
@@ -157,12 +158,20 @@ class CreateSpec(_Model):
     """`stop: create`: the object created in the manager's namespace, owned by it (a controller
     ownerReference without blockOwnerDeletion), with the target's ownerReference also at `target`."""
 
-    api_version: str = Field(description="e.g. bus.volcano.sh/v1alpha1")
-    kind: str = Field(pattern=r"^[A-Z][A-Za-z0-9]*$")
-    plural: str = Field(pattern=r"^[a-z][a-z0-9]*$")
-    target: str | None = Field(None, description="JSON pointer where the manager's ownerReference goes")
-    stop: dict[str, Any] = Field(description="the stop object's top-level fields, e.g. {action: AbortJob}")
-    restore: dict[str, Any] = Field(description="the restore object's fields, e.g. {action: ResumeJob}")
+    api_version: str = Field(description="The created object's apiVersion (bus.volcano.sh/v1alpha1).")
+    kind: str = Field(pattern=r"^[A-Z][A-Za-z0-9]*$", description="The created object's kind (Command).")
+    plural: str = Field(
+        pattern=r"^[a-z][a-z0-9]*$",
+        description="Its resource name in the API (commands): for RBAC and the path.",
+    )
+    target: str | None = Field(
+        None,
+        description="JSON pointer in the created object where the manager's ownerReference goes (/target).",
+    )
+    stop: dict[str, Any] = Field(description="The stop object's top-level fields ({action: AbortJob}).")
+    restore: dict[str, Any] = Field(
+        description="The restore object's top-level fields ({action: ResumeJob})."
+    )
 
     @field_validator("target")
     @classmethod
@@ -206,12 +215,26 @@ class Actuator(_Model):
 
     group: str = Field(
         description='API group ("" for core, "apps", "ray.io", ...); in ghostgpu.yaml it may be left '
-        "out when exactly one known group has the kind"
+        "out when exactly one known group has the kind (Kubernetes' own kinds, the built-in rows')"
     )
-    version: str
-    kind: str = Field(pattern=r"^[A-Z][A-Za-z0-9]*$")
-    plural: str = Field(pattern=r"^[a-z][a-z0-9]*$")
-    stop: StopKind
+    version: str = Field(
+        description="The kind's API version (v1, v1beta1, ...).",
+    )
+    kind: str = Field(
+        pattern=r"^[A-Z][A-Za-z0-9]*$",
+        description="The manager kind this row stops (RayCluster, Notebook, ...); a row of a "
+        "built-in group and kind replaces the built-in row.",
+    )
+    plural: str = Field(
+        pattern=r"^[a-z][a-z0-9]*$",
+        description="The kind's resource name in the API (rayclusters): for RBAC and the API paths.",
+    )
+    stop: StopKind = Field(
+        description="How the kind is stopped: scale (the scale subresource to 0), annotation (set "
+        "`annotation` to `value`), field (set the JSON pointer `field` to `value`), create (create the "
+        "object `create` describes, which the kind's controller reads as a stop) or "
+        "none (its controller honours no stop: tracked, escalated, never written).",
+    )
     annotation: str | None = Field(None, description="stop: annotation -- the annotation key")
     field: str | None = Field(None, description="stop: field -- the JSON pointer, e.g. /spec/suspend")
     value: str | bool | int | None = Field(
@@ -241,9 +264,18 @@ class Actuator(_Model):
     replicas: str | None = Field(
         None, description="JSON pointer of the replica count (`*`: summed over a list), when there is one"
     )
-    base_risk: float = Field(0.15, ge=0.0, le=1.0)
+    base_risk: float = Field(
+        0.15,
+        ge=0.0,
+        le=1.0,
+        description="The risk gate's base risk of this stop (0 to 1): higher for a stop that is "
+        "harder to undo.",
+    )
     track: bool = Field(True, description="the Kyverno policy labels objects of this kind")
-    note: str = ""
+    note: str = Field(
+        "",
+        description="Free text for people: why the kind is stopped this way.",
+    )
 
     @model_validator(mode="before")
     @classmethod

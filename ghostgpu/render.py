@@ -261,8 +261,9 @@ def _manager_rules(table: ActuatorTable) -> list[dict[str, Any]]:
 
 
 def _tracking_condition(table: ActuatorTable, dra: bool = False) -> str:
-    """True when the object should carry ghostgpu.io/tracked=true (DESIGN §3): a GPU Deployment,
-    StatefulSet or bare Pod, or a GPU object of a manager kind (RayCluster, Notebook, ...).
+    """True when the object should carry ghostgpu.io/tracked=true
+    (docs/design.md#labelling-contract): a GPU Deployment, StatefulSet or bare Pod, or a GPU object
+    of a manager kind (RayCluster, Notebook, ...).
 
     With DRA device classes a Deployment, StatefulSet, bare Pod or manager-kind object whose pods
     claim a GPU through a ResourceClaimTemplate counts too. Those tests look templates up, so they

@@ -45,7 +45,9 @@ def controller(
         help="Override controller.kueueNudge: annotate Nodes freed by a reclaim so Kueue's TAS "
         "retries pending work (needs patch on nodes).",
     ),
-    log_level: str = typer.Option("INFO", "--log-level"),
+    log_level: str = typer.Option(
+        "INFO", "--log-level", help="Lowest level logged (JSON lines on stderr): DEBUG, INFO, WARNING, ERROR."
+    ),
 ) -> None:
     """Run the reclaim controller (shadow mode unless the config says enforce)."""
     from ghostgpu.config_errors import ConfigError
@@ -235,7 +237,7 @@ def restore(
         "KIND.GROUP/NAME, kubectl's spelling, always (job.batch.volcano.sh/train: kind Job is also "
         "batch/v1's, so job/train is refused and both spellings are named).",
     ),
-    namespace: str = typer.Option(..., "--namespace", "-n"),
+    namespace: str = typer.Option(..., "--namespace", "-n", help="Namespace of the object to restore."),
     kubeconfig: str | None = KubeconfigOpt,
     config: Path | None = LedgerConfigOpt,
 ) -> None:
