@@ -52,6 +52,7 @@ from ghostgpu.actuators import (
     merge_patch_for,
 )
 from ghostgpu.config import ControllerConfig
+from ghostgpu.controller.act.revert_guard import RESTORE_MANAGER
 from ghostgpu.controller.books.decisions import DecisionLog
 from ghostgpu.controller.inventory import WorkloadRef, gpu_predicate
 from ghostgpu.controller.kube import Cluster
@@ -760,7 +761,7 @@ async def test_a_volcano_job_is_stopped_by_a_command_and_a_batch_job_of_its_name
     devcluster.kube.apply(manager_object("Job", name, ns))
     path = ("batch.volcano.sh", "v1alpha1", ns, "jobs", name)
     custom.patch_namespaced_custom_object_status(*path, {"status": {"state": {"phase": "Running"}}})
-    batch_before = batch.read_namespaced_job(name, ns).metadata.resource_version
+    batch_labels = batch.read_namespaced_job(name, ns).metadata.labels
     before = user_view(get_object(devcluster, "Job", ns, name))
     actor = await Actor.start(devcluster, tmp_path)
     with VolcanoJobControllerDouble(devcluster.kube.api_client, ns) as volcano:
@@ -781,8 +782,11 @@ async def test_a_volcano_job_is_stopped_by_a_command_and_a_batch_job_of_its_name
     assert user_view(after) == before and not ghostgpu_annotations(after)
     left = custom.list_namespaced_custom_object("bus.volcano.sh", "v1alpha1", ns, "commands")["items"]
     assert left == [], "Volcano deletes each Command it read"
+    # The batch Job's own controller writes its status; ghostgpu's field managers never wrote it.
     bj = batch.read_namespaced_job(name, ns)
-    assert bj.metadata.resource_version == batch_before and bj.spec.suspend is True
+    writers = {e.manager for e in bj.metadata.managed_fields or []}
+    assert not writers & {actor.rec.cluster.field_manager, RESTORE_MANAGER}, writers
+    assert bj.spec.suspend is True and bj.metadata.labels == batch_labels
     assert not [k for k in bj.metadata.annotations or {} if k.startswith("ghostgpu.io/")]
 
 
