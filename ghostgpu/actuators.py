@@ -4,15 +4,19 @@
 A GPU workload's manager is the top of its controller chain (managers.py). A reclaim acts on that
 object through its own stop API, never on a child the manager rewrites. Each row of the table says:
 
+- `group` and `kind`: a row is keyed by both (Volcano's `batch.volcano.sh` Job is not batch/v1's);
 - `stop`: `scale` (the scale subresource to 0), `annotation` (set `annotation` to `value`; the
   value `now` is written as the current RFC 3339 time), `field` (merge-patch the JSON pointer
-  `field` to `value`) or `none` (the kind's controller honours no stop: its objects are tracked,
-  judged and counted, never written; a reclaimable verdict is escalated);
+  `field` to `value`), `create` (create the object `create` describes, owned by the manager, that
+  its controller reads as a stop: Volcano's `Command` with `action: AbortJob`; restore creates the
+  same object with the restore body; `stoppedWhen` says how the manager shows it holds) or `none`
+  (the kind's controller honours no stop: its objects are tracked, judged and counted, never
+  written; a reclaimable verdict is escalated);
 - `requires`: JSON pointer -> value that must hold for the stop to apply (a RayJob is suspended
   only with `shutdownAfterJobFinishes: true`, or KubeRay fails it); an object that does not meet
   them is judged like a `none` row: escalated, never written;
 - how restore undoes it: `scale` back to the recorded count; remove the annotation (or put back the
-  value it had); set the field back to the recorded value;
+  value it had); set the field back to the recorded value; create the `create` row's restore object;
 - where the record lives: always on the top object, as an annotation
   (`ghostgpu.io/reclaimed-from-replicas` for `scale`, `ghostgpu.io/reclaimed-from` for the others:
   JSON of the previous value at each written pointer, null when it was absent);
@@ -21,11 +25,17 @@ object through its own stop API, never on a child the manager rewrites. Each row
 - `containers` / `container`: where the object's pod templates keep their containers (JSON pointers,
   `*` = every element of a list): the Kyverno tracking policy and the controller count GPUs there;
   `resources`: pointers to bare resource requirements (a TrainJob's `trainer.resourcesPerNode`);
+  `claims`: pointers to lists of DRA claim references outside a pod spec (a NIMService's
+  `draResources`), whose `resourceClaimTemplateName` the tracking policy looks up like a pod's;
 - `base_risk`: the risk gate's base risk of the stop (the KServe stop deletes a Deployment: higher).
 
-The built-ins cover Deployment/StatefulSet, Kubeflow Notebook and Workspace, KubeRay RayCluster,
-LeaderWorkerSet, KServe InferenceService, NVIDIA NIMService and the KEDA ScaledObject; an in-house
-operator is added in ghostgpu.yaml under `controller.actuators` without code (docs/managers.md).
+The built-ins are `builtin_actuators()`; an in-house operator is added in ghostgpu.yaml under
+`controller.actuators` without code (docs/managers.md). A row there that leaves `group` out is read
+as the one known group of its kind (`known_groups`), and refused when the kind has several.
+
+Public API for readers of the table (docs generators): `ActuatorTable().rows()` lists every row,
+sorted by (kind, group); each `Actuator` has `group`, `kind`, `version`, `stop`, `describe_stop()`,
+`describe_restore()` and `base_risk`.
 
 The table is plain data and pure functions, below `ghostgpu.config` (which validates its rows) and
 `ghostgpu.render` (which renders RBAC and the Kyverno tracking test from it); the controller's act
@@ -48,12 +58,33 @@ RECLAIMED_AT = "ghostgpu.io/reclaimed-at"  # keys.RECLAIMED_AT (keys imports con
 REVERT_MARK = "ghostgpu.io/reclaim-reverted"  # revert_guard.MARK: a stale mark goes with a new stop
 NOW = "now"  # an annotation value written as the current time (Kubeflow's culler format)
 
+# (API group, kind): what a row, an owner and a workload are keyed by.
+GroupKind = tuple[str, str]
+
 # The kinds whose pods the controller watches directly (their own watch caches); every other row is
 # a manager above them, resolved through owner chains. Both kinds are stopped like any scale row.
-POD_CONTROLLERS = ("Deployment", "StatefulSet")
+POD_CONTROLLERS: frozenset[GroupKind] = frozenset({("apps", "Deployment"), ("apps", "StatefulSet")})
+# Kubernetes' own kinds in owner chains, by kind: the group a bare kind means there.
+CORE_GROUPS: dict[str, str] = {
+    "Pod": "",
+    "ReplicaSet": "apps",
+    "Deployment": "apps",
+    "StatefulSet": "apps",
+    "Job": "batch",
+}
 
-StopKind = Literal["scale", "annotation", "field", "none"]
-Verb = Literal["get", "list", "watch", "patch", "update"]
+StopKind = Literal["scale", "annotation", "field", "create", "none"]
+Verb = Literal["get", "list", "watch", "patch", "update", "create"]
+
+
+def group_of(api_version: str) -> str:
+    """The API group of an apiVersion ("" for core `v1`)."""
+    group, _, _ = api_version.rpartition("/")
+    return group
+
+
+def is_pod_controller(group: str, kind: str) -> bool:
+    return (group, kind) in POD_CONTROLLERS
 
 
 def pointer_escape(token: str) -> str:
@@ -123,17 +154,76 @@ class _Model(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", alias_generator=to_camel, populate_by_name=True)
 
 
+class CreateSpec(_Model):
+    """`stop: create`: the object created in the manager's namespace, owned by it (a controller
+    ownerReference without blockOwnerDeletion), with the target's ownerReference also at `target`."""
+
+    api_version: str = Field(description="The created object's apiVersion (bus.volcano.sh/v1alpha1).")
+    kind: str = Field(pattern=r"^[A-Z][A-Za-z0-9]*$", description="The created object's kind (Command).")
+    plural: str = Field(
+        pattern=r"^[a-z][a-z0-9]*$",
+        description="Its resource name in the API (commands): for RBAC and the path.",
+    )
+    target: str | None = Field(
+        None,
+        description="JSON pointer in the created object where the manager's ownerReference goes (/target).",
+    )
+    stop: dict[str, Any] = Field(description="The stop object's top-level fields ({action: AbortJob}).")
+    restore: dict[str, Any] = Field(
+        description="The restore object's top-level fields ({action: ResumeJob})."
+    )
+
+    @field_validator("target")
+    @classmethod
+    def _pointer(cls, v: str | None) -> str | None:
+        if v is not None:
+            pointer_tokens(v)
+        return v
+
+    @property
+    def group(self) -> str:
+        return group_of(self.api_version)
+
+    def body(self, owner: Mapping[str, Any], fields: Mapping[str, Any], what: str) -> dict[str, Any]:
+        """The object to create for `owner` (the manager as read), `what` = stop | restore."""
+        meta = owner.get("metadata") or {}
+        ref = {
+            "apiVersion": owner.get("apiVersion", ""),
+            "kind": owner.get("kind", ""),
+            "name": meta.get("name", ""),
+            "uid": meta.get("uid", ""),
+            "controller": True,
+        }
+        obj: dict[str, Any] = {
+            "apiVersion": self.api_version,
+            "kind": self.kind,
+            "metadata": {
+                "generateName": f"{meta.get('name', '')}-ghostgpu-{what}-"[:58],
+                "namespace": meta.get("namespace", ""),
+                "ownerReferences": [ref],
+                "labels": {"app.kubernetes.io/managed-by": "ghostgpu"},
+            },
+        }
+        obj = deep_merge(obj, fields)
+        if self.target:
+            obj = deep_merge(obj, merge_patch_for(self.target, ref))
+        return obj
+
+
 class Actuator(_Model):
     """One row of the table (see the module docstring). camelCase in ghostgpu.yaml."""
 
-    group: str = Field(description='API group ("" for core, "apps", "ray.io", ...)')
+    group: str = Field(
+        description='API group ("" for core, "apps", "ray.io", ...); in ghostgpu.yaml it may be left '
+        "out when exactly one known group has the kind (Kubernetes' own kinds, the built-in rows')"
+    )
     version: str = Field(
         description="The kind's API version (v1, v1beta1, ...).",
     )
     kind: str = Field(
         pattern=r"^[A-Z][A-Za-z0-9]*$",
         description="The manager kind this row stops (RayCluster, Notebook, ...); a row of a "
-        "built-in kind replaces the built-in row.",
+        "built-in group and kind replaces the built-in row.",
     )
     plural: str = Field(
         pattern=r"^[a-z][a-z0-9]*$",
@@ -141,7 +231,8 @@ class Actuator(_Model):
     )
     stop: StopKind = Field(
         description="How the kind is stopped: scale (the scale subresource to 0), annotation (set "
-        "`annotation` to `value`), field (set the JSON pointer `field` to `value`) or "
+        "`annotation` to `value`), field (set the JSON pointer `field` to `value`), create (create the "
+        "object `create` describes, which the kind's controller reads as a stop) or "
         "none (its controller honours no stop: tracked, escalated, never written).",
     )
     annotation: str | None = Field(None, description="stop: annotation -- the annotation key")
@@ -156,6 +247,16 @@ class Actuator(_Model):
     container: list[str] = Field(default_factory=list, description="JSON pointers to single containers")
     resources: list[str] = Field(
         default_factory=list, description="JSON pointers to resource requirements ({limits, requests})"
+    )
+    claims: list[str] = Field(
+        default_factory=list,
+        description="JSON pointers to lists of DRA claim references ({resourceClaimTemplateName}) outside "
+        "a pod spec (a NIMService's /spec/draResources)",
+    )
+    create: CreateSpec | None = Field(None, description="stop: create -- the object that stops it")
+    stopped_when: dict[str, list[str | bool | int]] = Field(
+        default_factory=dict,
+        description="stop: create -- JSON pointer -> the values that show the stop holds (any pointer)",
     )
     requires: dict[str, str | bool | int] = Field(
         default_factory=dict, description="JSON pointer -> the value it must have for the stop to apply"
@@ -176,7 +277,28 @@ class Actuator(_Model):
         description="Free text for people: why the kind is stopped this way.",
     )
 
-    @field_validator("containers", "container", "resources", "field", "replicas", "requires")
+    @model_validator(mode="before")
+    @classmethod
+    def _kind_only(cls, data: Any) -> Any:
+        """A row without `group` is read as the one known group of its kind (existing files name
+        only the kind); a kind no group or several groups have must name its group."""
+        if not isinstance(data, Mapping) or "group" in data or not isinstance(data.get("kind"), str):
+            return data
+        kind = data["kind"]
+        groups = known_groups(kind)
+        if len(groups) == 1:
+            return {**data, "group": groups[0]}
+        if not groups:
+            raise ValueError(f"actuator {kind}: `group` is missing and no known API group has kind {kind}")
+        names = ", ".join(g or '"" (core)' for g in groups)
+        raise ValueError(
+            f"actuator {kind}: `group` is missing and kind {kind} is in more than one API group "
+            f"({names}): name the group"
+        )
+
+    @field_validator(
+        "containers", "container", "resources", "claims", "field", "replicas", "requires", "stopped_when"
+    )
     @classmethod
     def _pointers(cls, v: Any) -> Any:
         for p in v if isinstance(v, list | dict) else [v] if v else []:
@@ -185,8 +307,15 @@ class Actuator(_Model):
 
     @model_validator(mode="after")
     def _complete(self) -> Actuator:
-        where = f"actuator {self.kind}"
-        if self.stop == "annotation":
+        where = f"actuator {self.kind}.{self.group}" if self.group else f"actuator {self.kind}"
+        if self.stop != "create" and (self.create is not None or self.stopped_when):
+            raise ValueError(f"{where}: `create` and `stoppedWhen` belong to stop create")
+        if self.stop == "create":
+            if self.create is None or not self.stopped_when:
+                raise ValueError(f"{where}: stop create needs `create` and `stoppedWhen`")
+            if self.annotation or self.field or self.value is not None:
+                raise ValueError(f"{where}: stop create takes no `annotation`, `field` or `value`")
+        elif self.stop == "annotation":
             if not self.annotation or not isinstance(self.value, str):
                 raise ValueError(f"{where}: stop annotation needs `annotation` and a string `value`")
         elif self.stop == "field":
@@ -212,16 +341,46 @@ class Actuator(_Model):
         return f"{self.group}/{self.version}" if self.group else self.version
 
     @property
+    def group_kind(self) -> GroupKind:
+        return (self.group, self.kind)
+
+    @property
+    def qualified(self) -> str:
+        """kubectl's KIND.GROUP spelling (`job.batch.volcano.sh`; the kind alone for core)."""
+        return f"{self.kind.lower()}.{self.group}" if self.group else self.kind.lower()
+
+    @property
     def action_class(self) -> str:
-        """The risk gate's action class of this stop (autonomy.actionClasses may override it)."""
-        return "scale_to_zero" if self.kind in POD_CONTROLLERS else f"stop_{self.kind.lower()}"
+        """The risk gate's action class of this stop (autonomy.actionClasses may override it):
+        `stop_<kind>`, or `stop_<kind>.<group>` for a kind more than one known group has."""
+        if self.group_kind in POD_CONTROLLERS:
+            return "scale_to_zero"
+        if len(known_groups(self.kind)) > 1:
+            return f"stop_{self.qualified}"
+        return f"stop_{self.kind.lower()}"
+
+    def describe_stop(self) -> str:
+        return describe_stop(self)
+
+    def describe_restore(self) -> str:
+        """How `ghostgpu restore` undoes the stop, in a few words."""
+        if self.stop == "scale":
+            return "scale back to the recorded count"
+        if self.stop == "annotation":
+            return f"remove annotation {self.annotation} (or put back the value it had)"
+        if self.stop == "field":
+            return f"{self.field} back to the recorded value"
+        if self.stop == "create":
+            assert self.create is not None
+            return f"create a {self.create.kind} {_fields(self.create.restore)}"
+        return "nothing to undo"
 
     # --- what the stop writes (consumed by the GitOps pre-flight and the revert guard) -------------
 
     @cached_property
     def writes(self) -> list[str]:
         """The JSON pointers the stop changes on the top object."""
-        if self.stop == "none":
+        if self.stop in ("none", "create"):  # create: nothing on the object but the record
             return []
         if self.stop == "scale":
             return [self.replicas or "/spec/replicas"]
@@ -235,6 +394,8 @@ class Actuator(_Model):
         """Whether `obj` is stopped the way this actuator stops it."""
         if self.stop == "none":
             return False
+        if self.stop == "create":  # the manager's controller reports the stop (Volcano's phase)
+            return all(get_pointer(obj, p) in vs for p, vs in self.stopped_when.items())
         if self.stop == "scale":
             got = get_pointer(obj, self.writes[0])
             return got is not _MISSING and got == 0
@@ -269,11 +430,23 @@ class Actuator(_Model):
         value: Any = self.value
         if self.stop == "annotation" and value == NOW:
             value = (now or datetime.now(UTC)).strftime("%Y-%m-%dT%H:%M:%SZ")
-        stop = merge_patch_for(self.writes[0], value)
         at = (now or datetime.now(UTC)).strftime("%Y-%m-%dT%H:%M:%SZ")
         # reclaimed-at: when the record was written (the revert guard compares a revert's time to it)
         ann = {RECLAIMED_FROM_RECORD: record, RECLAIMED_AT: at, REVERT_MARK: None}
+        if self.stop == "create":  # the record alone; the stop is the object created after it
+            return {"metadata": {"annotations": ann}}
+        stop = merge_patch_for(self.writes[0], value)
         return deep_merge({"metadata": {"annotations": ann}}, stop)
+
+    def stop_object(self, obj: Mapping[str, Any]) -> dict[str, Any]:
+        """`stop: create`: the object that stops `obj` (created after the record lands)."""
+        assert self.create is not None
+        return self.create.body(obj, self.create.stop, "stop")
+
+    def restore_object(self, obj: Mapping[str, Any]) -> dict[str, Any]:
+        """`stop: create`: the object that undoes the stop (created after the record is cleared)."""
+        assert self.create is not None
+        return self.create.body(obj, self.create.restore, "restore")
 
     def restore_patch(self, obj: Mapping[str, Any]) -> dict[str, Any]:
         """The merge patch that undoes stop_patch from the record on `obj`. Raises ValueError
@@ -314,8 +487,9 @@ class Actuator(_Model):
 
     def rbac_rules(self) -> list[dict[str, Any]]:
         """What the controller needs in an opted-in namespace: read and patch the object (verdict
-        annotations, the record, annotation/field stops); the scale subresource for `scale`; nothing
-        for `none`, which is never written."""
+        annotations, the record, annotation/field stops); the scale subresource for `scale`; `create`
+        on the stop object's resource for `create` (never get, patch or delete: its controller
+        deletes it once read); nothing for `none`, which is never written."""
         if self.stop == "none":
             return []
         rules = [{"apiGroups": [self.group], "resources": [self.plural], "verbs": ["get", "patch"]}]
@@ -323,7 +497,15 @@ class Actuator(_Model):
             rules.append(
                 {"apiGroups": [self.group], "resources": [f"{self.plural}/scale"], "verbs": ["get", "patch"]}
             )
+        if self.stop == "create":
+            assert self.create is not None
+            create = self.create
+            rules.append({"apiGroups": [create.group], "resources": [create.plural], "verbs": ["create"]})
         return rules
+
+
+def _fields(fields: Mapping[str, Any]) -> str:
+    return ", ".join(f"{k}: {v}" for k, v in sorted(fields.items()))
 
 
 def describe_stop(a: Actuator) -> str:
@@ -334,6 +516,9 @@ def describe_stop(a: Actuator) -> str:
         return f"{a.field}={a.value}"
     if a.stop == "none":
         return "no stop its controller honours"
+    if a.stop == "create":
+        assert a.create is not None
+        return f"create a {a.create.kind} {_fields(a.create.stop)}"
     return "scale to 0"
 
 
@@ -372,7 +557,8 @@ def builtin_actuators() -> list[Actuator]:
           base_risk=0.3, note="KServe deletes the predictor's Deployment (restore re-creates it)"),
         a(group="apps.nvidia.com", version="v1alpha1", kind="NIMService", plural="nimservices",
           stop="field", field="/spec/replicas", value=0, restore_value=1, container=["/spec"],
-          replicas="/spec/replicas", base_risk=0.15),
+          claims=["/spec/draResources"], replicas="/spec/replicas", base_risk=0.15,
+          note="its GPU is in spec.resources, or a DRA claim template named in spec.draResources"),
         a(group="ray.io", version="v1", kind="RayJob", plural="rayjobs", stop="field",
           field="/spec/suspend", value=True, restore_value=False, base_risk=0.3,
           requires={"/spec/shutdownAfterJobFinishes": True},
@@ -402,6 +588,28 @@ def builtin_actuators() -> list[Actuator]:
           containers=["/spec/pytorchReplicaSpecs/Master/template/spec/containers",
                       "/spec/pytorchReplicaSpecs/Worker/template/spec/containers"],
           note="the Training Operator deletes a suspended job's pods and services"),
+        a(group="kubeflow.org", version="v1", kind="TFJob", plural="tfjobs", stop="field",
+          field="/spec/runPolicy/suspend", value=True, restore_value=False, base_risk=0.15,
+          replicas="/spec/tfReplicaSpecs/Worker/replicas",
+          containers=[f"/spec/tfReplicaSpecs/{r}/template/spec/containers"
+                      for r in ("Chief", "Master", "PS", "Worker", "Evaluator")],
+          note="the Training Operator deletes a suspended job's pods and services"),
+        a(group="kubeflow.org", version="v1", kind="MPIJob", plural="mpijobs", stop="field",
+          field="/spec/runPolicy/suspend", value=True, restore_value=False, base_risk=0.15,
+          replicas="/spec/mpiReplicaSpecs/Worker/replicas",
+          containers=["/spec/mpiReplicaSpecs/Launcher/template/spec/containers",
+                      "/spec/mpiReplicaSpecs/Worker/template/spec/containers"],
+          note="the Training Operator deletes a suspended job's pods and services"),
+        a(group="batch.volcano.sh", version="v1alpha1", kind="Job", plural="jobs", stop="create",
+          create=CreateSpec(api_version="bus.volcano.sh/v1alpha1", kind="Command", plural="commands",
+                            target="/target", stop={"action": "AbortJob"},
+                            restore={"action": "ResumeJob"}),
+          stopped_when={"/status/state/phase": ["Aborting", "Aborted"]}, base_risk=0.3,
+          replicas="/spec/tasks/*/replicas",
+          containers=["/spec/tasks/*/template/spec/containers",
+                      "/spec/tasks/*/template/spec/initContainers"],
+          note="what `vcctl job suspend` creates: Volcano's job controller deletes the Command, kills "
+               "the job's pods and keeps it Aborted; ResumeJob restarts it from the start"),
         a(group="serving.kserve.io", version="v1alpha2", kind="LLMInferenceService",
           plural="llminferenceservices", stop="annotation", annotation="serving.kserve.io/stop",
           value="true", base_risk=0.3, replicas="/spec/replicas",
@@ -415,28 +623,78 @@ def builtin_actuators() -> list[Actuator]:
     ]  # fmt: skip
 
 
+_BUILTIN_GROUPS: dict[str, tuple[str, ...]] | None = None
+
+
+def known_groups(kind: str) -> list[str]:
+    """The API groups a bare `kind` may mean: Kubernetes' own (CORE_GROUPS) and the built-in rows'."""
+    global _BUILTIN_GROUPS
+    if _BUILTIN_GROUPS is None:
+        groups: dict[str, set[str]] = {k: {g} for k, g in CORE_GROUPS.items()}
+        for a in builtin_actuators():
+            groups.setdefault(a.kind, set()).add(a.group)
+        _BUILTIN_GROUPS = {k: tuple(sorted(g)) for k, g in groups.items()}
+    return list(_BUILTIN_GROUPS.get(kind, ()))
+
+
+def default_group(kind: str) -> str:
+    """The group a bare kind means where code names one without a group: Kubernetes' own kind, else
+    the one built-in row's group, else "" (an owner's group always comes from its apiVersion)."""
+    core = CORE_GROUPS.get(kind)
+    if core is not None:
+        return core
+    groups = known_groups(kind)
+    return groups[0] if len(groups) == 1 else ""
+
+
 class ActuatorTable:
     """The built-ins plus the ones from `controller.actuators` (a user row replaces a built-in of
-    the same kind). Kinds are unique: the pod cache knows an owner by kind."""
+    the same group and kind). Rows are keyed by (group, kind): two groups may name a kind alike
+    (batch/v1 and Volcano's batch.volcano.sh Job)."""
 
     def __init__(self, extra: Iterable[Actuator] = ()) -> None:
-        rows = {a.kind: a for a in builtin_actuators()}
+        rows = {a.group_kind: a for a in builtin_actuators()}
         for a in extra:
-            rows[a.kind] = a
-        self.by_kind: dict[str, Actuator] = dict(sorted(rows.items()))
+            rows[a.group_kind] = a
+        self.by_group_kind: dict[GroupKind, Actuator] = dict(sorted(rows.items(), key=lambda kv: kv[0][::-1]))
 
-    def get(self, kind: str) -> Actuator | None:
-        return self.by_kind.get(kind)
+    def rows(self) -> list[Actuator]:
+        """Every row, sorted by (kind, group): the public way to read the table."""
+        return list(self.by_group_kind.values())
+
+    def __iter__(self) -> Iterator[Actuator]:
+        return iter(self.by_group_kind.values())
+
+    def get(self, group: str, kind: str) -> Actuator | None:
+        return self.by_group_kind.get((group, kind))
+
+    def only(self, kind: str) -> Actuator:
+        """The one row of `kind`; KeyError when no row or several rows (several groups) have it."""
+        found = [a for a in self.by_group_kind.values() if a.kind == kind]
+        if len(found) != 1:
+            raise KeyError(f"{len(found)} rows of kind {kind}: name its group")
+        return found[0]
+
+    def for_ref(self, ref: Any) -> Actuator | None:
+        """The row of a workload reference (controller.inventory.WorkloadRef: kind, group)."""
+        return self.by_group_kind.get((ref.group, ref.kind))
+
+    def groups_of(self, kind: str) -> list[str]:
+        """Every group that has `kind`: this table's rows and Kubernetes' own kinds."""
+        out = {g for (g, k) in self.by_group_kind if k == kind}
+        if kind in CORE_GROUPS:
+            out.add(CORE_GROUPS[kind])
+        return sorted(out)
 
     @property
     def managers(self) -> list[Actuator]:
         """Kinds above Deployment/StatefulSet (the controller watches them; Kyverno tracks them)."""
-        return [a for a in self.by_kind.values() if a.kind not in POD_CONTROLLERS]
+        return [a for a in self.by_group_kind.values() if a.group_kind not in POD_CONTROLLERS]
 
     def rbac_rules(self) -> list[dict[str, Any]]:
         """One rule per (group, resources, verbs), merged and sorted: deterministic output."""
         merged: dict[tuple[str, tuple[str, ...]], set[str]] = {}
-        for a in self.by_kind.values():
+        for a in self.by_group_kind.values():
             for r in a.rbac_rules():
                 merged.setdefault((r["apiGroups"][0], tuple(r["verbs"])), set()).update(r["resources"])
         return [
@@ -528,4 +786,5 @@ def pod_spec_pointers(a: Actuator) -> list[str]:
 def claim_cel(a: Actuator, claim: str) -> str:
     """True when a `resourceClaims` entry (`c`) of one of this kind's pod specs satisfies `claim`."""
     parts = [_cel_for(f"{s}/resourceClaims", claim, single=False) for s in pod_spec_pointers(a)]
+    parts += [_cel_for(p, claim, single=False) for p in a.claims]
     return " || ".join(parts) if parts else "false"

@@ -317,7 +317,7 @@ class EscalationSettings(_Model):
 class AutonomyConfig(_Model):
     """The `controller.autonomy` section of ghostgpu.yaml.
 
-    tau: global threshold, used for every type without its own entry. The default 0.25 is the
+    tau: global threshold, used for every type without its own entry. The default 0.275 is the
     global tau that `ghostgpu calibrate` yields on the built-in incident set with the default
     weights and a 2 % ceiling (docs/autonomy.md; the publication's own set gave 0.325).
     tau_by_type: per verdict kind (FINISHED_IDLE, ZOMBIE_CRASHED, ...) or incident type
@@ -327,7 +327,7 @@ class AutonomyConfig(_Model):
     """
 
     tau: NonNegFloat = Field(
-        0.25,
+        0.275,
         description="The global threshold: an action runs without a person only when its risk score "
         "is below it. The default is what `ghostgpu calibrate` yields on the built-in "
         "incident set with a 2 % ceiling.",

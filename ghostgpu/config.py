@@ -1112,7 +1112,8 @@ class ControllerConfig(Model):
     actuators: list[Actuator] = Field(
         default_factory=list,
         description="how to stop and restore more manager kinds (an in-house operator), added to the "
-        "built-in table or replacing a built-in of the same kind (docs/managers.md)",
+        "built-in table or replacing a built-in of the same group and kind; a row without `group` is "
+        "read as the one known group of its kind (docs/managers.md)",
     )
     dra_flavors: list[DraFlavor] = Field(
         default_factory=list,
@@ -1175,9 +1176,10 @@ class ControllerConfig(Model):
             raise ValueError(f"longWindow ({self.long_window}) must be at least window ({self.window})")
         if len(set(self.required_signals)) != len(self.required_signals):
             raise ValueError("requiredSignals lists a signal twice")
-        kinds = [a.kind for a in self.actuators]
+        kinds = [a.group_kind for a in self.actuators]
         if len(set(kinds)) != len(kinds):
-            raise ValueError("actuators lists a kind twice")
+            twice = sorted({f"{k}.{g}" if g else k for g, k in kinds if kinds.count((g, k)) > 1})
+            raise ValueError(f"actuators lists a group and kind twice: {', '.join(twice)}")
         return self
 
 

@@ -25,7 +25,7 @@ import jinja2
 import yaml
 
 from ghostgpu import config as c
-from ghostgpu.actuators import ActuatorTable, claim_cel, gpu_cel, pod_spec_pointers
+from ghostgpu.actuators import Actuator, ActuatorTable, claim_cel, gpu_cel, known_groups, pod_spec_pointers
 from ghostgpu.resources import templates_dir
 
 BUNDLES = ("policies", "kueue", "controller")
@@ -208,19 +208,29 @@ _NAMES_CLAIM_TEMPLATE = (
 _NAMES_ANY = "has(c.resourceClaimTemplateName)"
 
 
+def _is_row(a: Actuator, table: ActuatorTable) -> str:
+    """CEL: the object is of this row's kind, and of its group where another tracked row has the
+    kind too (a user row for batch/v1 Jobs beside Volcano's): the resourceRules admit only the
+    rows' groups and resources, so a kind one row has needs no group test."""
+    same_kind = sum(1 for b in table.tracked() if b.kind == a.kind)
+    group = f" && object.apiVersion.startsWith({cel(a.group + '/')})" if same_kind > 1 else ""
+    return f"object.kind == {cel(a.kind)}{group}"
+
+
 def _manager_gpu(table: ActuatorTable, resources_cel: str) -> str:
     """CEL: the object is one of the actuator table's manager kinds and one of its pod templates
     requests a GPU (actuators.gpu_cel, from the same pointers the controller counts GPUs at)."""
-    parts = [f"(object.kind == {cel(a.kind)} && ({gpu_cel(a, resources_cel)}))" for a in table.tracked()]
+    parts = [f"({_is_row(a, table)} && ({gpu_cel(a, resources_cel)}))" for a in table.tracked()]
     return " || ".join(parts) if parts else "false"
 
 
 def _manager_claims(table: ActuatorTable, claim: str) -> str:
-    """CEL: the object is one of the manager kinds and a `resourceClaims` entry (`c`) of one of its
-    pod specs (actuators.claim_cel, the pod templates of gpu_cel's pointers) satisfies `claim`;
-    empty when no tracked kind has a pod spec."""
-    kinds = [a for a in table.tracked() if pod_spec_pointers(a)]
-    parts = [f"(object.kind == {cel(a.kind)} && ({claim_cel(a, claim)}))" for a in kinds]
+    """CEL: the object is one of the manager kinds and a claim reference (`c`) of one of its pod
+    specs' `resourceClaims` (actuators.claim_cel, the pod templates of gpu_cel's pointers) or of its
+    claim lists (a NIMService's `draResources`) satisfies `claim`; empty when no tracked kind has
+    either."""
+    kinds = [a for a in table.tracked() if pod_spec_pointers(a) or a.claims]
+    parts = [f"({_is_row(a, table)} && ({claim_cel(a, claim)}))" for a in kinds]
     return " || ".join(parts)
 
 
@@ -316,7 +326,9 @@ def _policies_context(cfg: c.GhostgpuConfig) -> dict[str, Any]:
         "tracking_variables": _manager_dra_variables(table, bool(dra_classes)),
         "manager_gpu": _manager_gpu(table, cel(gpu_resources)),
         "manager_rules": _manager_rules(table),
-        "manager_kinds": [a.kind for a in table.tracked()],
+        "manager_kinds": [
+            a.kind if len(known_groups(a.kind)) <= 1 else f"{a.kind} ({a.group})" for a in table.tracked()
+        ],
         "teams_cel": cel([t.name for t in cfg.teams]),
         # Each team's ClusterQueue is named after the team.
         "cluster_queues_cel": cel({t.name: t.name for t in cfg.teams}),

@@ -54,7 +54,7 @@ from ghostgpu.controller.kube import (
 )
 from ghostgpu.controller.leader import LeaderElector
 from ghostgpu.controller.ledger import ReplicaLedger
-from ghostgpu.controller.managers import ManagerInformers
+from ghostgpu.controller.managers import ManagerInformers, owner_of_view
 from ghostgpu.controller.reconciler import PollResult, Reconciler, Snapshot, accounting_from, untracked_of
 from ghostgpu.controller.server import HealthServer
 from ghostgpu.controller.slices import DraCapacity, slice_view
@@ -212,7 +212,7 @@ class Informers:
         def pod_owner(ns: str, name: str) -> OwnerRef | None:
             entry = store.get((ns, name))
             v = entry.view if entry is not None else None
-            return OwnerRef(v.owner_kind, v.owner_name or "", "", "") if v and v.owner_kind else None
+            return owner_of_view(v)
 
         res = self.managers.resolve(workloads, pods, pod_owner)
         capacity = {}

@@ -166,13 +166,13 @@ def _status_by_owner(loaded: Any, kubeconfig: str | None, as_json: bool) -> None
 
     table = Table(
         title="GPUs outside Kueue by owner kind (ghostgpu status --by owner)",
-        caption="kind: the top of the pods' controller chain · acts: ghostgpu can stop it (no: "
-        "counted and reserved only; add a row under controller.actuators)",
+        caption="kind, group: the top of the pods' controller chain (two groups may name a kind alike) · "
+        "acts: ghostgpu can stop it (no: counted and reserved only; add a row under controller.actuators)",
     )
-    for col in ("kind", "acts", "holders", "GPUs"):
-        table.add_column(col, justify="left" if col == "kind" else "right", no_wrap=True)
+    for col in ("kind", "group", "acts", "holders", "GPUs"):
+        table.add_column(col, justify="left" if col in ("kind", "group") else "right", no_wrap=True)
     for r in rows:
-        table.add_row(r.kind, "yes" if r.acts else "no", str(r.holders), f"{r.gpus:g}")
+        table.add_row(r.kind, r.group or "(core)", "yes" if r.acts else "no", str(r.holders), f"{r.gpus:g}")
     Console().print(table)
 
 
@@ -231,7 +231,12 @@ LedgerConfigOpt = typer.Option(
 
 
 def restore(
-    target: str = typer.Argument(..., help="KIND/NAME, e.g. deployment/notebook-7 or raycluster/ray-1"),
+    target: str = typer.Argument(
+        ...,
+        help="KIND/NAME when the kind names one API group (deployment/notebook-7, raycluster/ray-1), or "
+        "KIND.GROUP/NAME, kubectl's spelling, always (job.batch.volcano.sh/train: kind Job is also "
+        "batch/v1's, so job/train is refused and both spellings are named).",
+    ),
     namespace: str = typer.Option(..., "--namespace", "-n", help="Namespace of the object to restore."),
     kubeconfig: str | None = KubeconfigOpt,
     config: Path | None = LedgerConfigOpt,
@@ -239,7 +244,9 @@ def restore(
     """Undo a reclaim: scale a Deployment/StatefulSet (or a scale-stopped manager) back to its
     recorded replica count (the `ghostgpu.io/reclaimed-from-replicas` annotation, else the
     controller's replica ledger), or undo a manager's annotation/field stop (RayCluster suspend,
-    Notebook stop annotation, ...) from its `ghostgpu.io/reclaimed-from` record (docs/managers.md)."""
+    Notebook stop annotation, ...) from its `ghostgpu.io/reclaimed-from` record, or a created stop
+    (a Volcano Job's AbortJob Command) by creating its restore object (a ResumeJob Command)
+    (docs/managers.md)."""
     from ghostgpu.actuators import ActuatorTable
     from ghostgpu.controller.app import load_any_config
     from ghostgpu.controller.ops import RestoreError

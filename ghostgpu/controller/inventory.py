@@ -16,7 +16,7 @@ from sys import intern
 from types import MappingProxyType
 from typing import Any, NamedTuple
 
-from ghostgpu.actuators import POD_CONTROLLERS
+from ghostgpu.actuators import CORE_GROUPS, POD_CONTROLLERS, default_group, group_of, known_groups
 from ghostgpu.config import GPU_RESOURCE_PREFIXES
 from ghostgpu.controller import keys
 from ghostgpu.controller.claims import (
@@ -31,20 +31,46 @@ from ghostgpu.signals.dra import DraDevice
 from ghostgpu.signals.faults import PodFaults, pod_faults
 
 
-class WorkloadRef(NamedTuple):
-    """(kind, namespace, name), ordered that way. A tuple, not a dataclass: refs key every
-    per-workload dict of a poll (~10⁵ lookups at N = 10,000) and a tuple hashes in C."""
-
+class _Ref(NamedTuple):
     kind: str
     namespace: str
     name: str
+    group: str
+
+
+class WorkloadRef(_Ref):
+    """(kind, namespace, name, group), ordered that way. A tuple, not a dataclass: refs key every
+    per-workload dict of a poll (~10⁵ lookups at N = 10,000) and a tuple hashes in C. `group` is the
+    API group (two groups may name a kind alike: batch/v1 and Volcano's Job); left out, it is the
+    group the kind means in Kubernetes or the one built-in row that has it (actuators.default_group)."""
+
+    __slots__ = ()
+
+    def __new__(cls, kind: str, namespace: str, name: str, group: str | None = None) -> WorkloadRef:
+        return super().__new__(cls, kind, namespace, name, default_group(kind) if group is None else group)
 
     def __str__(self) -> str:
         return f"{self.kind}/{self.namespace}/{self.name}"
 
     @property
+    def group_kind(self) -> tuple[str, str]:
+        return (self.group, self.kind)
+
+    @property
+    def target(self) -> str:
+        """kubectl's KIND/NAME, KIND.GROUP/NAME where the kind alone could mean another group
+        (`job.batch.volcano.sh/x`, `job.batch/x`): what `ghostgpu restore` takes."""
+        if not self.group or set(known_groups(self.kind)) <= {self.group}:
+            return f"{self.kind.lower()}/{self.name}"
+        return f"{self.kind.lower()}.{self.group}/{self.name}"
+
+    @property
     def short(self) -> str:
-        return f"{self.kind.lower()}/{self.name}"
+        """A readable name: KIND/NAME for Kubernetes' own kinds (a batch Job is `job/x`, as in
+        kubectl), else `target`."""
+        if self.group == CORE_GROUPS.get(self.kind):
+            return f"{self.kind.lower()}/{self.name}"
+        return self.target
 
 
 class OwnerRef(NamedTuple):
@@ -54,6 +80,11 @@ class OwnerRef(NamedTuple):
     name: str
     api_version: str
     uid: str
+
+    @property
+    def group(self) -> str:
+        """Its API group; an owner known only by kind (api_version "") is Kubernetes' own kind."""
+        return group_of(self.api_version) if self.api_version else default_group(self.kind)
 
 
 def controller_owner(meta: Mapping[str, Any]) -> OwnerRef | None:
@@ -100,6 +131,15 @@ class PodView:
     # The DRA devices counted on it (in gpu_requests too): a workload's own GPU count adds them to
     # the device-plugin count its template asks for (the decision log, the risk gate, GPU-hours).
     dra_gpus: float = 0.0
+    # The controller owner's API group (from its apiVersion); None: the kind's own (default_group).
+    owner_group: str | None = None
+
+    @property
+    def owner_group_kind(self) -> tuple[str, str] | None:
+        if self.owner_kind is None:
+            return None
+        group = self.owner_group if self.owner_group is not None else default_group(self.owner_kind)
+        return (group, self.owner_kind)
 
     @property
     def running(self) -> bool:
@@ -285,6 +325,7 @@ def pod_view(obj: Mapping[str, Any], is_gpu: GpuPredicate) -> PodView:
         labels=_labels(meta.get("labels")),
         owner_kind=_str(owner.get("kind")) if owner else None,
         owner_name=owner.get("name") if owner else None,
+        owner_group=_str(group_of(str(owner["apiVersion"]))) if owner and owner.get("apiVersion") else None,
         phase=_str(status.get("phase", "Unknown")),
         node_name=_str(node) if node else None,
         deleting=bool(meta.get("deletionTimestamp")),
@@ -390,14 +431,16 @@ def selector_matches(selector: Mapping[str, Any] | None, labels: Mapping[str, st
 def owner_workload(pod: PodView) -> WorkloadRef | None:
     """The Deployment/StatefulSet that owns this pod, or the pod itself if it is bare."""
     if pod.owner_kind is None:
-        return WorkloadRef("Pod", pod.namespace, pod.name)
+        return WorkloadRef("Pod", pod.namespace, pod.name, "")
+    if pod.owner_group not in (None, "apps"):  # another group's StatefulSet or ReplicaSet kind
+        return None
     if pod.owner_kind == "StatefulSet" and pod.owner_name:
-        return WorkloadRef("StatefulSet", pod.namespace, pod.owner_name)
+        return WorkloadRef("StatefulSet", pod.namespace, pod.owner_name, "apps")
     if pod.owner_kind == "ReplicaSet" and pod.owner_name:
         # A Deployment's ReplicaSet is named "<deployment>-<pod-template-hash>".
         h = pod.labels.get("pod-template-hash")
         if h and pod.owner_name.endswith(f"-{h}"):
-            return WorkloadRef("Deployment", pod.namespace, pod.owner_name[: -len(h) - 1])
+            return WorkloadRef("Deployment", pod.namespace, pod.owner_name[: -len(h) - 1], "apps")
     return None
 
 
@@ -413,7 +456,7 @@ def pods_by_workload(
         if pod.owner_kind is None:
             # A bare pod is its own workload (what both resolvers answer), looked up by a plain
             # tuple: a WorkloadRef's hash and equality, without a new namedtuple per pod per poll.
-            bare = workloads.get(("Pod", pod.namespace, pod.name))  # type: ignore[call-overload]
+            bare = workloads.get(("Pod", pod.namespace, pod.name, ""))  # type: ignore[call-overload]
             if bare is not None:
                 out[bare.ref].append(pod)
             continue
@@ -425,7 +468,7 @@ def pods_by_workload(
         # (a RayCluster's CPU head has no GPU series); a Deployment's or StatefulSet's must also
         # match its selector (a pod sharing a name prefix is not its pod). A pod whose DRA GPUs are
         # not known yet (claims.py) stays: left out, its manager would be judged without it.
-        if ref.kind in POD_CONTROLLERS:
+        if ref.group_kind in POD_CONTROLLERS:
             if not selector_matches(wl.selector, pod.labels):
                 continue
         elif ref.kind != "Pod" and not pod.gpu_requests and not pod.gpus_unknown:

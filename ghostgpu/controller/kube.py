@@ -23,6 +23,7 @@ import orjson
 from kr8s._exceptions import ServerError
 
 from ghostgpu.controller import keys
+from ghostgpu.controller.creating import ObjectCreator
 from ghostgpu.controller.inventory import WorkloadRef
 
 log = logging.getLogger("ghostgpu.controller.kube")
@@ -45,7 +46,7 @@ JOBS = ResourceType("batch/v1", "jobs", kind="Job")  # read only: the owner chai
 CLUSTERQUEUES = ResourceType("kueue.x-k8s.io/v1beta2", "clusterqueues", namespaced=False, kind="ClusterQueue")
 LEASES = ResourceType("coordination.k8s.io/v1", "leases", kind="Lease")
 CONFIGMAPS = ResourceType("v1", "configmaps", kind="ConfigMap")
-RESOURCE_OF_KIND = {"Deployment": DEPLOYMENTS, "StatefulSet": STATEFULSETS, "Pod": PODS}
+RESOURCE_OF_KIND = {(g, rt.kind): rt for g, rt in (("apps", DEPLOYMENTS), ("apps", STATEFULSETS), ("", PODS))}
 
 
 class Conflict(Exception):
@@ -230,7 +231,7 @@ def now_rfc3339() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-class Cluster:
+class Cluster(ObjectCreator):
     """Fresh reads and guarded writes."""
 
     def __init__(self, api: Any, *, instance: str, field_manager: str = keys.COMPONENT) -> None:
@@ -241,7 +242,7 @@ class Cluster:
         self.field_manager = field_manager
 
     async def get(self, ref: WorkloadRef) -> dict[str, Any]:
-        rt = RESOURCE_OF_KIND[ref.kind]
+        rt = RESOURCE_OF_KIND[ref.group_kind]
         try:
             async with self.api.call_api(
                 "GET", version=rt.version, namespace=ref.namespace, url=f"{rt.plural}/{ref.name}"
@@ -285,7 +286,7 @@ class Cluster:
         changes and actions, never on the poll path. A cheaper check (e.g. "does the namespace have
         a LocalQueue `default`?") would encode one Kueue version's rule; the dry-run asks the
         admission chain itself, whatever webhooks and versions are installed."""
-        rt = RESOURCE_OF_KIND[ref.kind]
+        rt = RESOURCE_OF_KIND[ref.group_kind]
         meta: dict[str, Any] = {"annotations": dict(annotations)}
         if resource_version:
             meta["resourceVersion"] = resource_version
@@ -309,7 +310,7 @@ class Cluster:
         """A merge patch of any part of the object (a manager's stop: `spec.suspend`, an annotation
         and its record together), guarded like patch_annotations: a dry-run first, and nothing is
         written if the admission chain would change Kueue's fields (WouldMutate)."""
-        rt = RESOURCE_OF_KIND[ref.kind]
+        rt = RESOURCE_OF_KIND[ref.group_kind]
         body_obj = dict(patch)
         if resource_version:
             body_obj["metadata"] = {**(body_obj.get("metadata") or {}), "resourceVersion": resource_version}
@@ -358,7 +359,7 @@ class Cluster:
         """Through the scale subresource (needs only `<kind>/scale` patch rights). With
         `resource_version` the scale applies only if the workload is unchanged since that read
         (the Scale's resourceVersion is the workload's; 409 -> Conflict)."""
-        rt = RESOURCE_OF_KIND[ref.kind]
+        rt = RESOURCE_OF_KIND[ref.group_kind]
         body: dict[str, Any] = {"spec": {"replicas": replicas}}
         if resource_version:
             body["metadata"] = {"resourceVersion": resource_version}

@@ -3,9 +3,11 @@
 
 Pod -> ReplicaSet -> Deployment -> InferenceService/NIMService/LLMInferenceService, Pod ->
 StatefulSet -> Notebook/Workspace/LeaderWorkerSet, Pod -> RayCluster -> RayJob/RayService, Pod ->
-Job -> JobSet -> TrainJob, Pod -> PyTorchJob, then a KEDA ScaledObject that targets the top
-Deployment/StatefulSet. The verdict is taken on that top object as one workload over all its GPU
-pods, and a reclaim acts on it through its actuator (actuators.py).
+Job -> JobSet -> TrainJob, Pod -> PyTorchJob/TFJob/MPIJob, Pod -> Volcano Job, then a KEDA
+ScaledObject that targets the top Deployment/StatefulSet. Every link is known by its API group and
+kind (an ownerReference's apiVersion): a pod of Volcano's `batch.volcano.sh` Job walks to Volcano's
+row, a pod of a batch/v1 Job to the batch Job's owner. The verdict is taken on that top object as
+one workload over all its GPU pods, and a reclaim acts on it through its actuator (actuators.py).
 
 Everything comes from watch caches, nothing is fetched per pod:
 - `owners`: every Deployment, StatefulSet and batch Job (tracked or not: the Notebook controller
@@ -52,8 +54,10 @@ log = logging.getLogger("ghostgpu.controller.managers")
 MAX_DEPTH = 8  # ownerReference chains are short; a cycle (a broken object) must not loop
 # Kinds whose objects are cached reduced to their controller owner: the Deployments and StatefulSets
 # (tracked or not) and batch Jobs, which JobSets own (Pod -> Job -> JobSet -> TrainJob).
-OWNER_INDEXED = (*POD_CONTROLLERS, "Job")
-KEDA_SCALED_OBJECT = "ScaledObject"
+OWNER_INDEXED: tuple[tuple[str, str], ...] = (*sorted(POD_CONTROLLERS), ("batch", "Job"))
+KEDA_SCALED_OBJECT = ("keda.sh", "ScaledObject")
+# (group, kind, namespace, name): one object in an owner chain.
+Key = tuple[str, str, str, str]
 
 
 def resource_type(a: Actuator) -> ResourceType:
@@ -63,7 +67,7 @@ def resource_type(a: Actuator) -> ResourceType:
 def register_kinds(table: ActuatorTable) -> None:
     """Let Cluster.get/patch/scale address the manager kinds (kube.RESOURCE_OF_KIND)."""
     for a in table.managers:
-        RESOURCE_OF_KIND.setdefault(a.kind, resource_type(a))
+        RESOURCE_OF_KIND.setdefault(a.group_kind, resource_type(a))
 
 
 def manager_workload(a: Actuator, obj: Mapping[str, Any], is_gpu: GpuPredicate) -> Workload:
@@ -80,7 +84,7 @@ def manager_workload(a: Actuator, obj: Mapping[str, Any], is_gpu: GpuPredicate) 
         counts = [int(v) for v in expand(obj, a.replicas) if isinstance(v, int | float)]
         replicas = sum(counts) if counts else 1
     return Workload(
-        ref=WorkloadRef(a.kind, meta.get("namespace", ""), meta.get("name", "")),
+        ref=WorkloadRef(a.kind, meta.get("namespace", ""), meta.get("name", ""), a.group),
         uid=meta.get("uid", ""),
         labels=dict(meta.get("labels") or {}),
         annotations=dict(meta.get("annotations") or {}),
@@ -106,7 +110,7 @@ def unactuated_workload(owner: OwnerRef, namespace: str, via: Workload | None) -
         "metadata": {"name": owner.name, "namespace": namespace, "uid": owner.uid},
     }
     return Workload(
-        ref=WorkloadRef(owner.kind, namespace, owner.name),
+        ref=WorkloadRef(owner.kind, namespace, owner.name, owner.group),
         uid=owner.uid,
         labels={},
         annotations={},
@@ -120,6 +124,15 @@ def unactuated_workload(owner: OwnerRef, namespace: str, via: Workload | None) -
     )
 
 
+def owner_of_view(v: PodView | None) -> OwnerRef | None:
+    """A pod's controller owner from its cached view: kind, name and group (its apiVersion's version
+    and the uid are not cached; `OwnerRef.group` reads the group from `<group>/`)."""
+    if v is None or v.owner_group_kind is None:
+        return None
+    group, kind = v.owner_group_kind
+    return OwnerRef(kind, v.owner_name or "", f"{group}/" if group else "v1", "")
+
+
 def kueue_managed(labels: Mapping[str, str]) -> bool:
     return KUEUE_QUEUE_LABEL in labels or labels.get(KUEUE_MANAGED_LABEL) == "true"
 
@@ -129,40 +142,47 @@ class Resolution:
     """One poll's view: which workloads exist at the top and how a pod finds its top."""
 
     workloads: dict[WorkloadRef, Workload]
-    _chain_top: dict[tuple[str, str, str], WorkloadRef | None] = field(default_factory=dict)
-    # (kind, ns, name) -> its controller owner, as the caches know it (Resolver.resolve's walk).
-    _parent: Callable[[str, str, str], OwnerRef | None] | None = None
+    _chain_top: dict[Key, WorkloadRef | None] = field(default_factory=dict)
+    # (group, kind, ns, name) -> its controller owner, as the caches know it (Resolver.resolve's walk).
+    _parent: Callable[[str, str, str, str], OwnerRef | None] | None = None
 
     def top_of(self, pod: PodView) -> WorkloadRef | None:
-        if pod.owner_kind is None:
+        start = _start(pod)
+        if start is None:
             return WorkloadRef("Pod", pod.namespace, pod.name)
-        if pod.owner_kind == "ReplicaSet":
-            dep = owner_workload(pod)  # by name; None for a ReplicaSet no Deployment owns
-            if dep is None:
-                return None
-            start = (dep.kind, dep.namespace, dep.name)
-        else:
-            start = (pod.owner_kind, pod.namespace, pod.owner_name or "")
         return self._chain_top.get(start)
 
     def holder_of(self, pod: PodView) -> WorkloadRef:
         """The top of the pod's controller chain as far as the caches see it, tracked or not: who
         holds the GPUs of a pod no workload accounts for (books/untracked.py). A kind nobody
         watches (a Job, an operator with no row) ends the walk and is named as the holder."""
-        if pod.owner_kind is None:
+        gk = pod.owner_group_kind
+        if gk is None:
             return WorkloadRef("Pod", pod.namespace, pod.name)
-        kind, name = pod.owner_kind, pod.owner_name or ""
-        if kind == "ReplicaSet":
+        (group, kind), name = gk, pod.owner_name or ""
+        if gk == ("apps", "ReplicaSet"):
             dep = owner_workload(pod)
             if dep is None:
-                return WorkloadRef(kind, pod.namespace, name)
-            kind, name = dep.kind, dep.name
+                return WorkloadRef(kind, pod.namespace, name, group)
+            group, kind, name = dep.group, dep.kind, dep.name
         for _ in range(MAX_DEPTH):
-            owner = self._parent(kind, pod.namespace, name) if self._parent is not None else None
-            if owner is None or owner.kind == "ReplicaSet":
+            owner = self._parent(group, kind, pod.namespace, name) if self._parent is not None else None
+            if owner is None or (owner.group, owner.kind) == ("apps", "ReplicaSet"):
                 break
-            kind, name = owner.kind, owner.name
-        return WorkloadRef(kind, pod.namespace, name)
+            group, kind, name = owner.group, owner.kind, owner.name
+        return WorkloadRef(kind, pod.namespace, name, group)
+
+
+def _start(pod: PodView) -> Key | None:
+    """Where a pod's chain starts: its Deployment (a ReplicaSet is known by its name) or its
+    controller owner; None for a bare pod; ("", "", "", "") for a ReplicaSet no Deployment owns."""
+    gk = pod.owner_group_kind
+    if gk is None:
+        return None
+    if gk == ("apps", "ReplicaSet"):
+        dep = owner_workload(pod)  # by name; None for a ReplicaSet no Deployment owns
+        return (dep.group, dep.kind, dep.namespace, dep.name) if dep is not None else ("", "", "", "")
+    return (gk[0], gk[1], pod.namespace, pod.owner_name or "")
 
 
 class Resolver:
@@ -180,81 +200,82 @@ class Resolver:
         pod_owner: Callable[[str, str], OwnerRef | None] | None = None,
     ) -> Resolution:
         """`tracked`: labelled Deployments/StatefulSets/bare Pods; `owners`: (kind, ns, name) ->
-        controller owner of every Deployment/StatefulSet/Job; `managers`: every object of the table's
-        manager kinds (ScaledObjects included); `pod_owner`: (ns, name) -> a pod's controller owner
-        (a LeaderWorkerSet's worker StatefulSet is owned by its leader Pod)."""
-        by_target: dict[tuple[str, str, str], WorkloadRef] = {}
+        controller owner of every Deployment/StatefulSet/batch Job (OWNER_INDEXED: one group per
+        kind, so the kind names it); `managers`: every object of
+        the table's manager kinds (ScaledObjects included); `pod_owner`: (ns, name) -> a pod's
+        controller owner (a LeaderWorkerSet's worker StatefulSet is owned by its leader Pod)."""
+        by_target: dict[Key, WorkloadRef] = {}
         for ref, wl in managers.items():
-            if ref.kind == KEDA_SCALED_OBJECT:
+            if ref.group_kind == KEDA_SCALED_OBJECT:
                 target = (wl.raw.get("spec") or {}).get("scaleTargetRef") or {}
                 kind = str(target.get("kind") or "Deployment")
-                by_target[(kind, ref.namespace, str(target.get("name", "")))] = ref
+                group = str(target.get("apiVersion") or "apps/v1").rpartition("/")[0]
+                by_target[(group, kind, ref.namespace, str(target.get("name", "")))] = ref
         out: dict[WorkloadRef, Workload] = {}
         res = Resolution(out)
         memo = res._chain_top
+        table = self.table
 
-        def parent(kind: str, ns: str, name: str) -> OwnerRef | None:
-            if kind in POD_CONTROLLERS:
-                wl = tracked.get(WorkloadRef(kind, ns, name))
+        def parent(group: str, kind: str, ns: str, name: str) -> OwnerRef | None:
+            if (group, kind) in POD_CONTROLLERS:
+                wl = tracked.get(WorkloadRef(kind, ns, name, group))
                 return wl.owner if wl is not None else owners.get((kind, ns, name))
-            if kind == "Pod":
+            if (group, kind) == ("", "Pod"):
                 return pod_owner(ns, name) if pod_owner is not None else None
-            if kind == "Job":
+            if (group, kind) in OWNER_INDEXED and table.get(group, kind) is None:
                 return owners.get((kind, ns, name))
-            mgr = managers.get(WorkloadRef(kind, ns, name))
+            mgr = managers.get(WorkloadRef(kind, ns, name, group))
             return mgr.owner if mgr is not None else None
 
         res._parent = parent
 
-        def top(kind: str, ns: str, name: str) -> WorkloadRef | None:
-            key = (kind, ns, name)
+        def top(group: str, kind: str, ns: str, name: str) -> WorkloadRef | None:
+            key = (group, kind, ns, name)
             if key in memo:
                 return memo[key]
-            chain = [WorkloadRef(kind, ns, name)]
-            owner = parent(kind, ns, name)
+            chain = [WorkloadRef(kind, ns, name, group)]
+            owner = parent(group, kind, ns, name)
             unactuated: OwnerRef | None = None
             while owner is not None and len(chain) < MAX_DEPTH:
-                ref = WorkloadRef(owner.kind, ns, owner.name)
-                if owner.kind == "ReplicaSet" or owner.kind == "Pod":
-                    if owner.kind == "ReplicaSet":  # owns nothing here but pods; name it by its owner
-                        break
+                og = owner.group
+                ref = WorkloadRef(owner.kind, ns, owner.name, og)
+                if (og, owner.kind) == ("apps", "ReplicaSet"):
+                    break  # owns nothing here but pods; name it by its owner
+                if (og, owner.kind) == ("", "Pod"):
                     chain.append(ref)  # a leader Pod owns its LeaderWorkerSet group's StatefulSet
-                    owner = parent("Pod", ns, owner.name)
+                    owner = parent("", "Pod", ns, owner.name)
                     continue
-                if owner.kind not in POD_CONTROLLERS and self.table.get(owner.kind) is None:
+                pod_controller = (og, owner.kind) in POD_CONTROLLERS
+                if not pod_controller and table.get(og, owner.kind) is None:
                     unactuated = owner
                     chain.append(ref)
                     break
-                if owner.kind not in POD_CONTROLLERS and ref not in managers:
+                if not pod_controller and ref not in managers:
                     # Its kind has an actuator but the cache does not hold it (yet): judge nothing
                     # rather than act on the child the owner would rewrite.
                     memo[key] = None
                     return None
                 chain.append(ref)
-                owner = parent(owner.kind, ns, owner.name)
+                owner = parent(og, owner.kind, ns, owner.name)
             head = chain[-1]
-            scaler = by_target.get((head.kind, ns, head.name)) if head.kind in POD_CONTROLLERS else None
-            if scaler is not None:
-                chain.append(scaler)
-                head = scaler
+            if head.group_kind in POD_CONTROLLERS:
+                scaler = by_target.get((head.group, head.kind, ns, head.name))
+                if scaler is not None:
+                    chain.append(scaler)
+                    head = scaler
             memo[key] = self._admit(head, chain, unactuated, tracked, managers, out)
             return memo[key]
 
         for pod in pods:
-            if pod.owner_kind is None:
-                continue
-            if pod.owner_kind == "ReplicaSet":
-                dep = owner_workload(pod)
-                if dep is not None:
-                    top(dep.kind, dep.namespace, dep.name)
-            else:
-                top(pod.owner_kind, pod.namespace, pod.owner_name or "")
+            start = _start(pod)
+            if start is not None and start[1]:
+                top(*start)
         # Tracked workloads with no pod right now (reclaimed, pending) still count, at their top.
         for ref, wl in tracked.items():
-            if ref.kind == "Pod":
+            if ref.group_kind == ("", "Pod"):
                 out.setdefault(ref, wl)
             else:
-                top(ref.kind, ref.namespace, ref.name)
+                top(ref.group, ref.kind, ref.namespace, ref.name)
         # A tracked manager with no pod (suspended, stopped) is still a workload.
         for ref, wl in managers.items():
             if is_tracked(wl.labels) and not kueue_managed(wl.labels) and wl.owner is None:
@@ -278,7 +299,7 @@ class Resolver:
                 return None
             out.setdefault(head, unactuated_workload(unactuated, head.namespace, via))
             return head
-        if head.kind in POD_CONTROLLERS:
+        if head.group_kind in POD_CONTROLLERS:
             wl = tracked.get(head)
             if wl is None:
                 return None
@@ -344,8 +365,8 @@ class ManagerInformers:
         def owner_of(o: dict[str, Any]) -> OwnerRef | None:
             return controller_owner(o.get("metadata") or {})
 
-        kinds = {**RESOURCE_OF_KIND, "Job": JOBS}
-        self.owners = [Reflector(api, kinds[k], transform=owner_of) for k in OWNER_INDEXED]
+        kinds = {**RESOURCE_OF_KIND, ("batch", "Job"): JOBS}
+        self.owners = [Reflector(api, kinds[gk], transform=owner_of) for gk in OWNER_INDEXED]
         self.managers = [
             OptionalReflector(api, resource_type(a), transform=lambda o, a=a: manager_workload(a, o, is_gpu))
             for a in table.managers
@@ -362,7 +383,7 @@ class ManagerInformers:
         pod_owner: Callable[[str, str], OwnerRef | None] | None = None,
     ) -> Resolution:
         owners: dict[tuple[str, str, str], OwnerRef | None] = {}
-        for kind, r in zip(OWNER_INDEXED, self.owners, strict=True):
+        for (_, kind), r in zip(OWNER_INDEXED, self.owners, strict=True):
             for (ns, name), owner in r.store.items():
                 if owner is not None:
                     owners[(kind, ns, name)] = owner
@@ -376,6 +397,7 @@ __all__ = [
     "Resolution",
     "Resolver",
     "manager_workload",
+    "owner_of_view",
     "register_kinds",
     "unactuated_workload",
 ]

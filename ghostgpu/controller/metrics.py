@@ -114,10 +114,11 @@ class ControllerMetrics:
         )
         self.owner_kind_outside = Gauge(
             "ghostgpu_owner_kind_outside_kueue_gpus",
-            "GPUs held outside Kueue by the top owner kind of their pods, and whether ghostgpu can stop "
-            "that kind (stoppable: an actuator row whose stop applies); the same rows as `ghostgpu status "
-            "--by owner`. Exported by the leader; a kind that no longer holds GPUs has no series.",
-            ["owner_kind", "stoppable"],
+            "GPUs held outside Kueue by the top owner kind (and its API group) of their pods, and whether "
+            "ghostgpu can stop that kind (stoppable: an actuator row whose stop applies); the same rows as "
+            "`ghostgpu status --by owner`. Exported by the leader; a kind that no longer holds GPUs has no "
+            "series.",
+            ["owner_kind", "owner_group", "stoppable"],
             registry=r,
         )
 
@@ -150,11 +151,11 @@ class ControllerMetrics:
             self.ghost_gpus.labels(ns, flavor, verdict).set(value)
 
     def set_owner_kinds(self, rows: Iterable[OwnerKindRow]) -> None:
-        """One series per (kind, stoppable) holding GPUs now: cleared first, so a kind that stopped
-        holding GPUs disappears instead of keeping its last value."""
+        """One series per (kind, group, stoppable) holding GPUs now: cleared first, so a kind that
+        stopped holding GPUs disappears instead of keeping its last value."""
         self.owner_kind_outside.clear()
         for row in rows:
-            self.owner_kind_outside.labels(row.kind, "true" if row.acts else "false").set(row.gpus)
+            self.owner_kind_outside.labels(row.kind, row.group, "true" if row.acts else "false").set(row.gpus)
 
     def set_without_processes(self, counts: Mapping[str, int]) -> None:
         self.without_processes.clear()

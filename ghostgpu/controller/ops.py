@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ghostgpu.actuators import ActuatorTable
+from ghostgpu.actuators import CORE_GROUPS, POD_CONTROLLERS, ActuatorTable
 from ghostgpu.config import ControllerConfig
 from ghostgpu.controller import keys
 from ghostgpu.controller.act import stops
@@ -46,7 +46,13 @@ from ghostgpu.controller.kube import (
     WouldMutate,
 )
 from ghostgpu.controller.ledger import LedgerEntry, ReplicaLedger
-from ghostgpu.controller.managers import Resolver, manager_workload, register_kinds, resource_type
+from ghostgpu.controller.managers import (
+    Resolver,
+    manager_workload,
+    owner_of_view,
+    register_kinds,
+    resource_type,
+)
 from ghostgpu.controller.reconciler import Snapshot, accounting_from
 from ghostgpu.controller.slices import Capacity, dra_capacity, slice_view
 
@@ -68,16 +74,42 @@ class RestoreError(Exception):
 
 
 def parse_target(target: str, namespace: str, table: ActuatorTable | None = None) -> WorkloadRef:
-    """KIND/NAME; KIND is a kind of the actuator table in any case, its plural, or an alias."""
-    aliases = dict(KIND_ALIASES)
-    for a in (table or ActuatorTable()).managers:
-        aliases.setdefault(a.kind.lower(), a.kind)
-        aliases.setdefault(a.plural, a.kind)
-    kind, sep, name = target.partition("/")
-    if not sep or not name or kind.lower() not in aliases:
-        known = ", ".join(sorted({v.lower() for v in aliases.values()}))
-        raise RestoreError(f"expected KIND/NAME with KIND one of {known}, got {target!r}")
-    return WorkloadRef(aliases[kind.lower()], namespace, name)
+    """KIND/NAME or KIND.GROUP/NAME (kubectl's spelling: `job.batch.volcano.sh/train`). KIND is a kind
+    of the actuator table in any case, its plural, or an alias; KIND alone must name one API group
+    (Deployment, StatefulSet, Pod, or the one row of that kind), else the error lists the
+    KIND.GROUP spellings to choose from."""
+    table = table or ActuatorTable()
+    # (lower-case kind or plural or alias) -> {(group, kind)}
+    names: dict[str, set[tuple[str, str]]] = {}
+    for alias, kind in KIND_ALIASES.items():
+        names.setdefault(alias, set()).add((CORE_GROUPS[kind], kind))
+    for a in table.managers:
+        for alias in (a.kind.lower(), a.plural):
+            names.setdefault(alias, set()).add(a.group_kind)
+    for kind, group in CORE_GROUPS.items():  # a bare `job` could mean batch/v1's too
+        if kind.lower() in names:
+            names[kind.lower()].add((group, kind))
+    spelled, sep, name = target.partition("/")
+    if not sep or not name or "/" in name:
+        raise RestoreError(f"expected KIND/NAME or KIND.GROUP/NAME, got {target!r}")
+    kind_part, dot, group = spelled.partition(".")
+    found = names.get(kind_part.lower(), set())
+    if dot:
+        found = {gk for gk in found if gk[0] == group.lower()}
+    if not found:
+        known = ", ".join(sorted({f"{k.lower()}.{g}" if g else k.lower() for g, k in _restorable(table)}))
+        raise RestoreError(f"{spelled!r} is no kind ghostgpu restores (one of {known}), in {target!r}")
+    if len(found) > 1:
+        choices = " or ".join(sorted(f"{k.lower()}.{g}/{name}" for g, k in found))
+        raise RestoreError(f"kind {kind_part!r} is in more than one API group: name one, {choices}")
+    ((group, kind),) = found
+    if (group, kind) not in _restorable(table):  # a bare `job.batch`: no row, never stopped
+        raise RestoreError(f"{kind.lower()}.{group} has no actuator row: ghostgpu never stops it")
+    return WorkloadRef(kind, namespace, name, group)
+
+
+def _restorable(table: ActuatorTable) -> set[tuple[str, str]]:
+    return {("", "Pod"), *POD_CONTROLLERS, *(a.group_kind for a in table.managers)}
 
 
 @dataclass(frozen=True)
@@ -117,7 +149,7 @@ async def restore(
 async def restore_any(
     cluster: Any, ref: WorkloadRef, ledger: ReplicaLedger, table: ActuatorTable
 ) -> Restored:
-    a = table.get(ref.kind)
+    a = table.for_ref(ref)
     if a is None or a.stop == "scale":
         return await restore_workload(cluster, ref, ledger)
     try:
@@ -292,7 +324,7 @@ async def _status_snapshot(
 
     def pod_owner(ns: str, name: str) -> OwnerRef | None:
         v = by_pod.get((ns, name))
-        return OwnerRef(v.owner_kind, v.owner_name or "", "", "") if v and v.owner_kind else None
+        return owner_of_view(v)
 
     res = Resolver(table).resolve(tracked, chain, managers, pods, pod_owner)
     capacity = await _dra_capacity(cluster, flavors, nodes) if dra else {}

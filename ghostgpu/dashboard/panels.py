@@ -97,11 +97,11 @@ PANELS: tuple[Panel, ...] = (
     Panel(
         title="GPUs outside Kueue by owner kind",
         description=(
-            "GPUs held outside Kueue now, by the kind at the top of their pods' owner chain (Deployment, "
-            "RayJob, Job, an operator's kind), and whether ghostgpu can stop them. stoppable: false is a "
-            "kind with no actuator row (add a controller.actuators row for it), a row that does not apply "
-            "to these objects, or objects the tracking policy did not label. Same rows as `ghostgpu "
-            "status --by owner`."
+            "GPUs held outside Kueue now, by the kind and API group at the top of their pods' owner chain "
+            "(Deployment apps, RayJob ray.io, Job batch or batch.volcano.sh, an operator's kind), and "
+            "whether ghostgpu can stop them. stoppable: false is a kind with no actuator row (add a "
+            "controller.actuators row for it), a row that does not apply to these objects, or objects the "
+            "tracking policy did not label. Same rows as `ghostgpu status --by owner`."
         ),
         unit="short",
         axis_label="GPUs",
@@ -109,8 +109,8 @@ PANELS: tuple[Panel, ...] = (
         full_width=True,
         queries=(
             Query(
-                expr=f"max by (owner_kind, stoppable) ({OWNER_KIND_METRIC})",
-                legend="{{owner_kind}} (stoppable: {{stoppable}})",
+                expr=f"max by (owner_kind, owner_group, stoppable) ({OWNER_KIND_METRIC})",
+                legend="{{owner_kind}} {{owner_group}} (stoppable: {{stoppable}})",
             ),
         ),
     ),

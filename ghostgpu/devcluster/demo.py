@@ -118,7 +118,7 @@ def controller_config(dest: Path, prometheus_url: str, mode: str) -> Path:
         startupGrace="1s",
         staleAfter="30s",
         prometheus={"url": prometheus_url, "timeout": "5s"},
-        # The default tau (0.25) escalates some stops to a person; the demo shows them done.
+        # The default tau (0.275) escalates some stops to a person; the demo shows them done.
         autonomy={"tau": 0.4},
     )
     path = dest / f"ghostgpu-{mode}.yaml"

@@ -64,8 +64,9 @@ def controller_config(
         startupGrace="1s",
         staleAfter="30s",
         prometheus={"url": prometheus_url, "timeout": "5s"},
-        # The default tau (0.25) escalates evicting a bare pod (base risk 0.5: it is not recreated);
-        # 0.4 lets this test exercise the Eviction API and the PodDisruptionBudget path.
+        # The default tau (0.275) escalates evicting all but the smallest bare pods (base risk 0.5: a
+        # bare pod is not recreated); 0.4 lets this test exercise the Eviction API and the
+        # PodDisruptionBudget path for every one of them.
         autonomy={"tau": 0.4},
         **extra,
     )

@@ -16,6 +16,11 @@
   KubeRay; else the double): the controller's own stop (Reconciler.stop_manager/scale_to_zero) and
   `ghostgpu restore KIND/NAME` are both accepted by the apiserver's schema, the record lives on the
   top object, and restore puts the object back exactly.
+- Volcano's batch.volcano.sh Job (its CRD and its job controller's Command path are TEST DOUBLES:
+  tests/doubles/crds, owner_double.VolcanoJobControllerDouble): the controller's stop creates an
+  AbortJob Command the double reads, the Job is Aborted, a batch/v1 Job of the same name in the same
+  namespace is never written, and `ghostgpu restore job.batch.volcano.sh/NAME` creates the ResumeJob
+  Command that brings it back.
 - Faults during an owner's stop (a real 409 from a concurrent write, the owner deleted mid-action;
   for a scale stop also between the record and the scale): 0 false reclaims, 0 lost records.
 """
@@ -34,7 +39,7 @@ import pytest
 import yaml
 from cli_runs import restore
 from kubernetes import client
-from owner_double import STOP_ANNOTATION, NotebookControllerDouble
+from owner_double import STOP_ANNOTATION, NotebookControllerDouble, VolcanoJobControllerDouble
 from proctables import FINISHED
 from test_controller import H100, LEASE_NS, REPO, WINDOW, Controller, controller_config, wait_for
 
@@ -47,8 +52,9 @@ from ghostgpu.actuators import (
     merge_patch_for,
 )
 from ghostgpu.config import ControllerConfig
+from ghostgpu.controller.act.revert_guard import RESTORE_MANAGER
 from ghostgpu.controller.books.decisions import DecisionLog
-from ghostgpu.controller.inventory import gpu_predicate
+from ghostgpu.controller.inventory import WorkloadRef, gpu_predicate
 from ghostgpu.controller.kube import Cluster
 from ghostgpu.controller.managers import manager_workload, register_kinds
 from ghostgpu.controller.metrics import ControllerMetrics
@@ -497,7 +503,8 @@ GPU_POD = {
 }
 # Where each manager kind's CRD comes from: the project's own (hack/testbin owner-crds, kuberay),
 # else a test double (tests/doubles/README.md). The devcluster installs the owner-crds ones; the
-# owner-crds-extra ones (JobSet, TrainJob, PyTorchJob, LLMInferenceService) are installed here.
+# owner-crds-extra ones (JobSet, TrainJob, PyTorchJob, TFJob, MPIJob, LLMInferenceService) are
+# installed here. "Job" is Volcano's batch.volcano.sh Job (the only built-in row of that kind).
 CRD_SOURCE = {
     "RayCluster": "kuberay",
     "LeaderWorkerSet": "owner-crds",
@@ -510,7 +517,10 @@ CRD_SOURCE = {
     "JobSet": "owner-crds-extra",
     "TrainJob": "owner-crds-extra",
     "PyTorchJob": "owner-crds-extra",
+    "TFJob": "owner-crds-extra",
+    "MPIJob": "owner-crds-extra",
     "LLMInferenceService": "owner-crds-extra",
+    "Job": "double",
 }
 # Tracked and counted, but no stop its controller honours: never written (stop: none).
 NO_STOP_KINDS = {"RayService": "kuberay"}
@@ -518,7 +528,7 @@ NO_STOP_KINDS = {"RayService": "kuberay"}
 
 def manager_object(kind: str, name: str, ns: str) -> dict[str, Any]:
     """One object of each built-in manager kind, with a GPU pod template where the kind has one."""
-    a = ActuatorTable().by_kind[kind]
+    a = ActuatorTable().only(kind)
     meta = {"name": name, "namespace": ns, "labels": {"app": name}, "annotations": {"team": "ml"}}
     spec: dict[str, Any]
     if kind == "RayCluster":
@@ -555,6 +565,16 @@ def manager_object(kind: str, name: str, ns: str) -> dict[str, Any]:
         spec = {"pytorchReplicaSpecs": {
             "Master": {"replicas": 1, "restartPolicy": "OnFailure", "template": template},
             "Worker": {"replicas": 2, "restartPolicy": "OnFailure", "template": template}}}  # fmt: skip
+    elif kind in ("TFJob", "MPIJob"):
+        template = {"spec": {**GPU_POD, "containers": [{**GPU_POD["containers"][0], "name": "main"}]}}
+        roles = ("Chief", "Worker") if kind == "TFJob" else ("Launcher", "Worker")
+        specs = {r: {"replicas": 2 if r == "Worker" else 1, "restartPolicy": "OnFailure",
+                     "template": template} for r in roles}  # fmt: skip
+        spec = {"tfReplicaSpecs" if kind == "TFJob" else "mpiReplicaSpecs": specs}
+    elif kind == "Job":  # Volcano's
+        spec = {"minAvailable": 2, "schedulerName": "volcano", "maxRetry": 3,
+                "tasks": [{"name": "worker", "replicas": 2,
+                           "template": {"spec": {**GPU_POD, "restartPolicy": "OnFailure"}}}]}  # fmt: skip
     elif kind == "LLMInferenceService":
         spec = {"model": {"uri": "hf://Qwen/Qwen2.5-7B-Instruct"}, "replicas": 2,
                 "template": {"containers": [{"name": "main", "resources": GPU}]}}  # fmt: skip
@@ -567,14 +587,16 @@ def install_crd_of(dc: DevCluster, kind: str) -> None:
     """The CRD of `kind` (skips when hack/testbin has not built it); the owner-crds ones come
     with the devcluster."""
     source = CRD_SOURCE.get(kind) or NO_STOP_KINDS[kind]
-    a = ActuatorTable().by_kind[kind]
+    a = ActuatorTable().only(kind)
     if source == "kuberay":
         d = kuberay_dir() / "crds"
         if not d.exists():
             pytest.skip(f"KubeRay's CRDs not built (run hack/testbin kuberay): {d}")
         apply_crds(dc, sorted(d.glob("*.yaml")))
     elif source == "double":
-        apply_crds(dc, [DOUBLES / f"{a.plural}.{a.group}.yaml"])
+        # Volcano's stop object, the Command, comes with its Job (both doubles)
+        extra = [DOUBLES / "commands.bus.volcano.sh.yaml"] if a.group == "batch.volcano.sh" else []
+        apply_crds(dc, [DOUBLES / f"{a.plural}.{a.group}.yaml", *extra])
     elif source == "owner-crds-extra":  # real, from their modules: installed here, not at start
         d = Toolchain.locate().owner_crd_dir.parent / "extra"
         files = [f for f in sorted(d.glob("*.yaml")) if f.name.startswith(f"{a.group}_{a.plural}.")]
@@ -611,7 +633,7 @@ class Actor:
         return cls(rec, api)
 
     async def stop(self, obj: Mapping[str, Any]) -> str:
-        a = self.rec.actuators.by_kind[obj["kind"]]
+        a = self.rec.actuators.only(obj["kind"])
         wl = manager_workload(a, obj, gpu_predicate(["nvidia.com/gpu"]))
         verdict = Verdict(kind=VerdictKind.FINISHED_IDLE, rule=Rule.GHOSTGPU, reasons=())
         if a.stop == "scale":
@@ -620,7 +642,7 @@ class Actor:
 
 
 def get_object(dc: DevCluster, kind: str, ns: str, name: str) -> dict[str, Any]:
-    a = ActuatorTable().by_kind[kind]
+    a = ActuatorTable().only(kind)
     custom = client.CustomObjectsApi(dc.kube.api_client)
     return custom.get_namespaced_custom_object(a.group, a.version, ns, a.plural, name)
 
@@ -641,7 +663,8 @@ STOPPED_OUTCOME = {"scale": "scaled-to-zero"}
 # between the controller's read and its stop: the stop is then a 409 ("conflict", by design: the
 # next poll retries), seen once in a full CI run. The exact comparison covers the kinds no
 # controller touches.
-EXACT_KINDS = sorted(set(CRD_SOURCE) - {"RayCluster"})
+# Volcano's Job is stopped once its controller reads the Command: its own test below, with the double.
+EXACT_KINDS = sorted(set(CRD_SOURCE) - {"RayCluster", "Job"})
 
 
 @pytest.mark.parametrize("kind", EXACT_KINDS)
@@ -649,7 +672,7 @@ async def test_every_manager_actuator_stops_and_restores_exactly_against_its_crd
     kind: str, devcluster: DevCluster, make_namespace: Callable[..., str], tmp_path: Path
 ) -> None:
     install_crd_of(devcluster, kind)
-    a = ActuatorTable().by_kind[kind]
+    a = ActuatorTable().only(kind)
     ns, name = make_namespace(prefix="act"), f"{kind.lower()}-1"
     created = devcluster.kube.apply(manager_object(kind, name, ns)).to_dict()
     before = user_view(get_object(devcluster, kind, ns, name))
@@ -666,7 +689,7 @@ async def test_every_manager_actuator_stops_and_restores_exactly_against_its_crd
     else:
         assert set(json.loads(record)) == set(a.writes)
     assert events(devcluster, ns, name, "Reclaimed", kind) == 1
-    out = restore(devcluster, f"{kind.lower()}/{name}", ns)
+    out = restore(devcluster, WorkloadRef(kind, ns, name, a.group).target, ns)
     assert out.returncode == 0, out.stderr
     after = get_object(devcluster, kind, ns, name)
     assert not a.is_stopped(after)
@@ -678,7 +701,8 @@ async def test_every_manager_actuator_stops_and_restores_exactly_against_its_crd
     assert not [k for k in after["metadata"].get("annotations") or {} if k.startswith("ghostgpu.io/")]
 
 
-NEW_OWNER_KINDS = ["JobSet", "LLMInferenceService", "PyTorchJob", "RayJob", "RayService", "TrainJob"]
+NEW_OWNER_KINDS = ["JobSet", "LLMInferenceService", "PyTorchJob", "RayJob", "RayService", "TrainJob",
+                   "TFJob", "MPIJob", "Job"]  # fmt: skip
 
 
 @pytest.mark.parametrize("kind", NEW_OWNER_KINDS)
@@ -703,7 +727,7 @@ async def test_a_kind_with_no_stop_is_never_written(
     ns, name = make_namespace(prefix="act"), "rayservice-1"
     devcluster.kube.apply(manager_object("RayService", name, ns))
     before = get_object(devcluster, "RayService", ns, name)
-    assert manager_workload(ActuatorTable().by_kind["RayService"], before, gpu_predicate([])).no_actuator
+    assert manager_workload(ActuatorTable().only("RayService"), before, gpu_predicate([])).no_actuator
     actor = await Actor.start(devcluster, tmp_path)
     assert await actor.stop(before) == "unstoppable"
     after = get_object(devcluster, "RayService", ns, name)
@@ -714,6 +738,56 @@ async def test_a_kind_with_no_stop_is_never_written(
     assert user_view(after) == user_view(before)
     assert not ghostgpu_annotations(after)
     assert events(devcluster, ns, name, "Reclaimed") == 0
+
+
+async def test_a_volcano_job_is_stopped_by_a_command_and_a_batch_job_of_its_name_is_left_alone(
+    devcluster: DevCluster, make_namespace: Callable[..., str], tmp_path: Path
+) -> None:
+    """Volcano's Job and a batch/v1 Job, same name, one namespace: each is handled by its own row.
+    The controller's stop writes the record on the Volcano Job and creates an AbortJob Command owned
+    by it; Volcano's job controller (a TEST DOUBLE of its Command path) reads it and the Job is
+    Aborted. The batch Job is never written. `ghostgpu restore job/NAME` is refused (two groups
+    have kind Job); `job.batch.volcano.sh/NAME` creates the ResumeJob Command and clears the record."""
+    install_crd_of(devcluster, "Job")
+    a = ActuatorTable().get("batch.volcano.sh", "Job")
+    assert a is not None
+    ns, name = make_namespace(prefix="volcano"), "train"
+    custom = client.CustomObjectsApi(devcluster.kube.api_client)
+    batch = client.BatchV1Api(devcluster.kube.api_client)
+    pod_spec = {**GPU_POD, "restartPolicy": "Never"}
+    batch_job = {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": name, "namespace": ns},
+                 "spec": {"suspend": True, "template": {"spec": pod_spec}}}  # fmt: skip
+    devcluster.kube.apply(batch_job)
+    devcluster.kube.apply(manager_object("Job", name, ns))
+    path = ("batch.volcano.sh", "v1alpha1", ns, "jobs", name)
+    custom.patch_namespaced_custom_object_status(*path, {"status": {"state": {"phase": "Running"}}})
+    batch_labels = batch.read_namespaced_job(name, ns).metadata.labels
+    before = user_view(get_object(devcluster, "Job", ns, name))
+    actor = await Actor.start(devcluster, tmp_path)
+    with VolcanoJobControllerDouble(devcluster.kube.api_client, ns) as volcano:
+        assert await actor.stop(get_object(devcluster, "Job", ns, name)) == "stopped"
+        wait_for(lambda: a.is_stopped(get_object(devcluster, "Job", ns, name)), 30, "the Job Aborted")
+        assert volcano.handled == [(name, "AbortJob")]
+        stopped = get_object(devcluster, "Job", ns, name)
+        assert json.loads(stopped["metadata"]["annotations"][RECLAIMED_FROM_RECORD]) == {}
+        assert user_view(stopped) == before, "the stop writes nothing on the Job but its record"
+        assert events(devcluster, ns, name, "Reclaimed", "Job") == 1
+        out = restore(devcluster, f"job/{name}", ns)
+        assert out.returncode == 1 and "job.batch.volcano.sh/train" in out.stderr, out.stderr
+        out = restore(devcluster, f"job.batch.volcano.sh/{name}", ns)
+        assert out.returncode == 0, out.stderr
+        wait_for(lambda: not a.is_stopped(get_object(devcluster, "Job", ns, name)), 30, "the Job resumed")
+        assert volcano.handled == [(name, "AbortJob"), (name, "ResumeJob")]
+    after = get_object(devcluster, "Job", ns, name)
+    assert user_view(after) == before and not ghostgpu_annotations(after)
+    left = custom.list_namespaced_custom_object("bus.volcano.sh", "v1alpha1", ns, "commands")["items"]
+    assert left == [], "Volcano deletes each Command it read"
+    # The batch Job's own controller writes its status; ghostgpu's field managers never wrote it.
+    bj = batch.read_namespaced_job(name, ns)
+    writers = {e.manager for e in bj.metadata.managed_fields or []}
+    assert not writers & {actor.rec.cluster.field_manager, RESTORE_MANAGER}, writers
+    assert bj.spec.suspend is True and bj.metadata.labels == batch_labels
+    assert not [k for k in bj.metadata.annotations or {} if k.startswith("ghostgpu.io/")]
 
 
 # --- faults during an owner's stop: a real 409, the owner deleted mid-action ----------------------
@@ -738,7 +812,7 @@ async def test_faults_during_an_owner_stop_never_reclaim_falsely_nor_lose_record
     resourceVersion precondition, a real 404), or, for a scale stop, between the record and the
     scale. Afterwards: nothing stopped, no Reclaimed Event and no reclaim counted, no record left
     without its stop; a later stop and `ghostgpu restore` still work exactly."""
-    a = ActuatorTable().by_kind[kind]
+    a = ActuatorTable().only(kind)
     if fault.endswith("after-record") and a.stop != "scale":
         pytest.skip("an annotation or field stop is one write with its record: no 'after the record'")
     install_crd_of(devcluster, kind)

@@ -283,14 +283,22 @@ def test_manager_kinds_whose_pod_templates_name_a_gpu_claim_template_are_tracked
 def test_pod_specs_are_the_parents_of_a_kinds_container_lists() -> None:
     table = ActuatorTable()
     jobset = ["/spec/replicatedJobs/*/template/spec/template/spec"]
-    assert pod_spec_pointers(table.by_kind["JobSet"]) == jobset
-    assert pod_spec_pointers(table.by_kind["InferenceService"]) == ["/spec/predictor"]
+    assert pod_spec_pointers(table.only("JobSet")) == jobset
+    assert pod_spec_pointers(table.only("InferenceService")) == ["/spec/predictor"]
     # A single container or bare requirements name no pod spec: no claim test for the kind.
-    assert pod_spec_pointers(table.by_kind["NIMService"]) == []
-    assert pod_spec_pointers(table.by_kind["TrainJob"]) == []
-    assert claim_cel(table.by_kind["TrainJob"], "true") == "false"
+    assert pod_spec_pointers(table.only("NIMService")) == []
+    assert pod_spec_pointers(table.only("TrainJob")) == []
+    assert claim_cel(table.only("TrainJob"), "true") == "false"
+    # A NIMService names its claim templates in spec.draResources, not in a pod spec: its own list.
+    assert (
+        claim_cel(table.only("NIMService"), "true")
+        == "object.?spec.?draResources.orValue([]).exists(c, true)"
+    )
     claims = {v["name"]: v["expression"] for v in tracking_policy(DRA)["spec"]["variables"]}
-    assert "'NIMService'" not in claims["managerClaimsGpu"]
+    assert (
+        "(object.kind == 'NIMService' && (object.?spec.?draResources.orValue([]).exists(c, "
+        "c.?resourceClaimTemplateName.orValue('') == t.metadata.name)))"
+    ) in claims["managerClaimsGpu"]
 
 
 def test_without_dra_classes_no_manager_claim_test_is_rendered() -> None:

@@ -372,7 +372,7 @@ def test_a_managers_pod_whose_gpus_are_unknown_stays_its_pod_so_it_is_not_judged
     table = ActuatorTable()
     rc = {"apiVersion": "ray.io/v1", "kind": "RayCluster",
           "metadata": {"name": "rc", "namespace": "team-a", "uid": "uid-rc"}, "spec": {}}  # fmt: skip
-    wl = manager_workload(table.by_kind["RayCluster"], rc, IS_GPU)
+    wl = manager_workload(table.only("RayCluster"), rc, IS_GPU)
     c = claim("w1-gpu", [("gpu", "gpu-0")], [exactly("gpu", "gpu.nvidia.com")], ["u1"])
     pods = [
         dra_pod("w1", "u1", templates={"gpu": "w1-gpu"}),

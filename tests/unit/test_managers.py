@@ -108,11 +108,18 @@ OBJECTS: dict[str, dict[str, Any]] = {
                                                     "Worker": {"replicas": 2, "template": TEMPLATE}}}},
     "LLMInferenceService": {"spec": {"model": {"uri": "hf://m"}, "replicas": 2,
                                      "template": TEMPLATE["spec"]}},
+    "TFJob": {"spec": {"tfReplicaSpecs": {"Chief": {"replicas": 1, "template": TEMPLATE},
+                                          "Worker": {"replicas": 2, "template": TEMPLATE}}}},
+    "MPIJob": {"spec": {"mpiReplicaSpecs": {"Launcher": {"replicas": 1, "template": TEMPLATE},
+                                            "Worker": {"replicas": 2, "template": TEMPLATE}}}},
+    # Volcano's batch.volcano.sh Job (the only built-in row of kind Job)
+    "Job": {"spec": {"minAvailable": 2, "tasks": [{"name": "w", "replicas": 2, "template": TEMPLATE}]},
+            "status": {"state": {"phase": "Running"}}},
 }  # fmt: skip
 
 
 def obj_of(kind: str, name: str = "w", **meta: Any) -> dict[str, Any]:
-    a = TABLE.by_kind[kind]
+    a = TABLE.only(kind)
     return {
         "apiVersion": a.api_version,
         "kind": kind,
@@ -122,7 +129,7 @@ def obj_of(kind: str, name: str = "w", **meta: Any) -> dict[str, Any]:
 
 
 def test_every_builtin_kind_has_an_object_here() -> None:
-    assert set(OBJECTS) == set(TABLE.by_kind)
+    assert set(OBJECTS) == {a.kind for a in TABLE.rows()}
 
 
 def test_writes_are_the_documented_pointers() -> None:
@@ -141,7 +148,10 @@ def test_writes_are_the_documented_pointers() -> None:
         "JobSet": ["/spec/suspend"],
         "TrainJob": ["/spec/suspend"],
         "PyTorchJob": ["/spec/runPolicy/suspend"],
+        "TFJob": ["/spec/runPolicy/suspend"],
+        "MPIJob": ["/spec/runPolicy/suspend"],
         "LLMInferenceService": ["/metadata/annotations/serving.kserve.io~1stop"],
+        "Job": [],  # Volcano's: a Command object, nothing on the Job but the record
     }
 
 
@@ -150,7 +160,7 @@ PATCH_KINDS = [a.kind for a in builtin_actuators() if a.stop in ("annotation", "
 
 @pytest.mark.parametrize("kind", PATCH_KINDS)
 def test_stop_then_restore_is_exact_for_every_patch_actuator(kind: str) -> None:
-    a = TABLE.by_kind[kind]
+    a = TABLE.only(kind)
     before = obj_of(kind, annotations={"team": "x"})
     assert not a.is_stopped(before)
     stopped = merge(before, a.stop_patch(before, now=NOW))
@@ -165,13 +175,13 @@ def test_stop_then_restore_is_exact_for_every_patch_actuator(kind: str) -> None:
         # absent before; restore writes the running value the controller reads as "not suspended"
         assert get_pointer(restored, a.writes[0]) is False
         restored = merge(restored, merge_patch_for(a.writes[0], None))
-        if kind == "PyTorchJob":  # the merge patch left the parent object it created
+        if kind in ("PyTorchJob", "TFJob", "MPIJob"):  # the merge patch left the parent it created
             assert restored["spec"].pop("runPolicy") == {}
     assert restored == before
 
 
 def test_restore_puts_back_a_value_that_was_there() -> None:
-    a = TABLE.by_kind["NIMService"]
+    a = TABLE.only("NIMService")
     before = obj_of("NIMService")
     stopped = merge(before, a.stop_patch(before))
     assert stopped["spec"]["replicas"] == 0 and a.is_stopped(stopped)
@@ -179,7 +189,7 @@ def test_restore_puts_back_a_value_that_was_there() -> None:
 
 
 def test_restore_without_a_record_is_refused() -> None:
-    a = TABLE.by_kind["RayCluster"]
+    a = TABLE.only("RayCluster")
     with pytest.raises(ValueError, match="not reclaimed"):
         a.restore_patch(obj_of("RayCluster"))
     bad = obj_of("RayCluster", annotations={RECLAIMED_FROM_RECORD: '{"/spec/other": 1}'})
@@ -189,7 +199,7 @@ def test_restore_without_a_record_is_refused() -> None:
 
 @pytest.mark.parametrize("kind", ["Deployment", "StatefulSet", "LeaderWorkerSet"])
 def test_scale_actuators_are_stopped_at_zero(kind: str) -> None:
-    a = TABLE.by_kind[kind]
+    a = TABLE.only(kind)
     o = obj_of(kind)
     assert not a.is_stopped(o)
     o["spec"]["replicas"] = 0
@@ -204,6 +214,8 @@ def test_rbac_only_the_verbs_each_actuator_needs() -> None:
         "get",
         "patch",
     ]
+    # Volcano's stop creates a Command and nothing else: no get, patch or delete of commands
+    assert rules.pop(("bus.volcano.sh", ("commands",))) == ["create"]
     assert all(set(v) <= {"get", "patch"} for v in rules.values())
     assert not any("delete" in r["verbs"] or "update" in r["verbs"] for r in TABLE.rbac_rules())
 
@@ -228,7 +240,7 @@ def test_a_user_adds_an_operator_kind_in_the_config() -> None:
         }
     )
     table = ActuatorTable(cfg.actuators)
-    t = table.get("Trainer")
+    t = table.get("example.com", "Trainer")
     assert t is not None and t.writes == ["/spec/paused"] and t in table.tracked()
     assert {"apiGroups": ["example.com"], "resources": ["trainers"], "verbs": ["get", "patch"]} in (
         table.rbac_rules()
@@ -273,7 +285,9 @@ def pod(name: str, owner_kind: str | None, owner: str | None, **labels: str) -> 
 
 
 def owned(obj: dict[str, Any], kind: str, name: str) -> dict[str, Any]:
-    api = TABLE.by_kind[kind].api_version if kind in TABLE.by_kind else "example.com/v1"
+    api = {"Pod": "v1"}.get(kind) or (
+        TABLE.only(kind).api_version if TABLE.groups_of(kind) else "example.com/v1"
+    )
     ref = {"apiVersion": api, "kind": kind, "name": name, "uid": f"uid-{name}", "controller": True}
     obj["metadata"]["ownerReferences"] = [ref]
     return obj
@@ -286,7 +300,7 @@ def tracked(kind: str, name: str, **extra: Any) -> dict[str, Any]:
 
 
 def test_raycluster_pods_are_one_workload_at_the_raycluster() -> None:
-    rc = manager_workload(TABLE.by_kind["RayCluster"], tracked("RayCluster", "ray"), IS_GPU)
+    rc = manager_workload(TABLE.only("RayCluster"), tracked("RayCluster", "ray"), IS_GPU)
     pods = [pod("ray-head", "RayCluster", "ray"), pod("ray-gpu-a", "RayCluster", "ray"),
             pod("ray-gpu-b", "RayCluster", "ray")]  # fmt: skip
     res = Resolver(TABLE).resolve({}, {}, {rc.ref: rc}, pods)
@@ -296,13 +310,13 @@ def test_raycluster_pods_are_one_workload_at_the_raycluster() -> None:
 
 
 def test_an_untracked_raycluster_is_not_judged() -> None:
-    rc = manager_workload(TABLE.by_kind["RayCluster"], obj_of("RayCluster", "ray"), IS_GPU)
+    rc = manager_workload(TABLE.only("RayCluster"), obj_of("RayCluster", "ray"), IS_GPU)
     res = Resolver(TABLE).resolve({}, {}, {rc.ref: rc}, [pod("ray-gpu-a", "RayCluster", "ray")])
     assert res.workloads == {}
 
 
 def test_notebook_statefulset_stripped_of_its_label_still_leads_to_the_notebook() -> None:
-    nb = manager_workload(TABLE.by_kind["Notebook"], tracked("Notebook", "nb"), IS_GPU)
+    nb = manager_workload(TABLE.only("Notebook"), tracked("Notebook", "nb"), IS_GPU)
     owners = {("StatefulSet", NS, "nb"): OwnerRef("Notebook", "nb", "kubeflow.org/v1", "uid-nb")}
     p = pod("nb-0", "StatefulSet", "nb", app="nb")
     res = Resolver(TABLE).resolve({}, owners, {nb.ref: nb}, [p])
@@ -312,7 +326,7 @@ def test_notebook_statefulset_stripped_of_its_label_still_leads_to_the_notebook(
 def test_a_tracked_child_of_an_inferenceservice_becomes_the_inferenceservice() -> None:
     dep = workload_from("Deployment", owned(tracked("Deployment", "isvc-predictor"), "InferenceService",
                                             "isvc"), IS_GPU)  # fmt: skip
-    isvc = manager_workload(TABLE.by_kind["InferenceService"], obj_of("InferenceService", "isvc"), IS_GPU)
+    isvc = manager_workload(TABLE.only("InferenceService"), obj_of("InferenceService", "isvc"), IS_GPU)
     p = pod("isvc-predictor-abc12-x", "ReplicaSet", "isvc-predictor-abc12", **{"pod-template-hash": "abc12"})
     res = Resolver(TABLE).resolve({dep.ref: dep}, {}, {isvc.ref: isvc}, [p])
     # tracked through its child: one workload, at the top; the child is not a second one
@@ -321,14 +335,14 @@ def test_a_tracked_child_of_an_inferenceservice_becomes_the_inferenceservice() -
 
 def test_keda_scaledobject_sits_above_its_target() -> None:
     dep = workload_from("Deployment", tracked("Deployment", "web"), IS_GPU)
-    so = manager_workload(TABLE.by_kind["ScaledObject"], obj_of("ScaledObject", "web-so"), IS_GPU)
+    so = manager_workload(TABLE.only("ScaledObject"), obj_of("ScaledObject", "web-so"), IS_GPU)
     p = pod("web-abc12-x", "ReplicaSet", "web-abc12", app="web", **{"pod-template-hash": "abc12"})
     res = Resolver(TABLE).resolve({dep.ref: dep}, {}, {so.ref: so}, [p])
     assert list(res.workloads) == [so.ref] and res.top_of(p) == so.ref
 
 
 def test_lws_worker_pods_reach_the_leaderworkerset_through_the_leader_pod() -> None:
-    lws = manager_workload(TABLE.by_kind["LeaderWorkerSet"], tracked("LeaderWorkerSet", "lws"), IS_GPU)
+    lws = manager_workload(TABLE.only("LeaderWorkerSet"), tracked("LeaderWorkerSet", "lws"), IS_GPU)
     owners = {
         ("StatefulSet", NS, "lws"): OwnerRef("LeaderWorkerSet", "lws", "", ""),
         ("StatefulSet", NS, "lws-0"): OwnerRef("Pod", "lws-0", "v1", ""),
@@ -348,7 +362,7 @@ def test_unknown_owner_is_a_workload_that_is_never_written() -> None:
     dep = workload_from("Deployment", owned(tracked("Deployment", "job"), "Trainer", "t1"), IS_GPU)
     p = pod("job-abc12-x", "ReplicaSet", "job-abc12", app="job", **{"pod-template-hash": "abc12"})
     res = Resolver(TABLE).resolve({dep.ref: dep}, {}, {}, [p])
-    ref = WorkloadRef("Trainer", NS, "t1")
+    ref = WorkloadRef("Trainer", NS, "t1", "example.com")
     assert list(res.workloads) == [ref] and res.top_of(p) == ref
     wl = res.workloads[ref]
     assert (
@@ -366,7 +380,7 @@ def test_a_known_owner_missing_from_the_cache_is_not_judged_at_all() -> None:
 def test_kueue_managed_manager_is_skipped() -> None:
     o = tracked("RayCluster", "ray")
     o["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] = "default"
-    rc = manager_workload(TABLE.by_kind["RayCluster"], o, IS_GPU)
+    rc = manager_workload(TABLE.only("RayCluster"), o, IS_GPU)
     assert Resolver(TABLE).resolve({}, {}, {rc.ref: rc}, [pod("r", "RayCluster", "ray")]).workloads == {}
 
 
@@ -379,8 +393,8 @@ def reclaimable() -> Verdict:
 
 def test_each_actuator_is_scored_and_the_kserve_stop_is_riskier() -> None:
     cfg = ControllerConfig.model_validate({"mode": "enforce", "autonomy": {"tau": 0.9}})
-    rc = manager_workload(TABLE.by_kind["RayCluster"], tracked("RayCluster", "ray"), IS_GPU)
-    isvc = manager_workload(TABLE.by_kind["InferenceService"], tracked("InferenceService", "isvc"), IS_GPU)
+    rc = manager_workload(TABLE.only("RayCluster"), tracked("RayCluster", "ray"), IS_GPU)
+    isvc = manager_workload(TABLE.only("InferenceService"), tracked("InferenceService", "isvc"), IS_GPU)
     p_rc, p_isvc = plan(rc, reclaimable(), None, cfg), plan(isvc, reclaimable(), None, cfg)
     assert p_rc.decision is not None and p_isvc.decision is not None
     assert p_rc.decision.action == "stop_raycluster" and p_isvc.decision.action == "stop_inferenceservice"
@@ -395,7 +409,11 @@ def test_each_actuator_is_scored_and_the_kserve_stop_is_riskier() -> None:
 def test_an_owner_with_no_actuator_is_escalated_naming_it() -> None:
     cfg = ControllerConfig.model_validate({"mode": "enforce", "autonomy": {"tau": 0.99}})
     dep = workload_from("Deployment", owned(tracked("Deployment", "job"), "Trainer", "t1"), IS_GPU)
-    wl = Resolver(TABLE).resolve({dep.ref: dep}, {}, {}, []).workloads[WorkloadRef("Trainer", NS, "t1")]
+    wl = (
+        Resolver(TABLE)
+        .resolve({dep.ref: dep}, {}, {}, [])
+        .workloads[WorkloadRef("Trainer", NS, "t1", "example.com")]
+    )
     p = plan(wl, reclaimable(), None, cfg)
     assert p.action == "escalate" and p.decision is not None and "Trainer t1" in p.decision.reason
 
@@ -411,10 +429,21 @@ class FakeApi:
         self.writes: list[tuple[WorkloadRef, str]] = []
         self.events: list[tuple[str, str, str]] = []
         self.scales: list[tuple[WorkloadRef, int]] = []
+        self.created: list[tuple[str, dict[str, Any]]] = []
 
     @staticmethod
     def ref(o: Mapping[str, Any]) -> WorkloadRef:
-        return WorkloadRef(o["kind"], o["metadata"]["namespace"], o["metadata"]["name"])
+        group = o["apiVersion"].rpartition("/")[0] if "apiVersion" in o else None
+        return WorkloadRef(o["kind"], o["metadata"]["namespace"], o["metadata"]["name"], group)
+
+    async def create_object(self, plural: str, obj: Mapping[str, Any]) -> dict[str, Any]:
+        """A created object (an actuator's `stop: create`): kept in `created`, named like generateName."""
+        made = copy.deepcopy(dict(obj))
+        made["metadata"]["name"] = made["metadata"].pop("generateName") + f"{len(self.created):05d}"
+        self.created.append((plural, made))
+        self.writes.append((WorkloadRef(made["kind"], made["metadata"]["namespace"], made["metadata"]["name"],
+                                        made["apiVersion"].rpartition("/")[0]), "create"))  # fmt: skip
+        return made
 
     async def get(self, ref: WorkloadRef) -> dict[str, Any]:
         if ref not in self.objects:
@@ -458,7 +487,7 @@ class FakeApi:
 
 @pytest.mark.parametrize("kind", PATCH_KINDS)
 async def test_stop_and_restore_through_the_api_for_every_patch_actuator(kind: str) -> None:
-    a = TABLE.by_kind[kind]
+    a = TABLE.only(kind)
     o = obj_of(kind)
     api = FakeApi([o])
     ref = FakeApi.ref(o)
@@ -475,7 +504,7 @@ async def test_stop_and_restore_through_the_api_for_every_patch_actuator(kind: s
 
 
 async def test_stop_is_a_no_op_when_the_object_changed_since_read() -> None:
-    a = TABLE.by_kind["RayCluster"]
+    a = TABLE.only("RayCluster")
     api = FakeApi([obj_of("RayCluster")])
     ref = WorkloadRef("RayCluster", NS, "w")
     real_get = api.get
@@ -491,7 +520,7 @@ async def test_stop_is_a_no_op_when_the_object_changed_since_read() -> None:
 
 
 async def test_exempt_manager_is_never_stopped() -> None:
-    a = TABLE.by_kind["Notebook"]
+    a = TABLE.only("Notebook")
     api = FakeApi([obj_of("Notebook", annotations={"ghostgpu.io/reclaim-policy": "never"})])
     assert (await stop(api, WorkloadRef("Notebook", NS, "w"), a, is_leader=True)).outcome == "exempt"
     assert api.writes == []
@@ -542,9 +571,9 @@ def reconciler(tmp: Path, api: FakeApi, escalations: list[str]) -> Reconciler:
 
 def snapshot(api: FakeApi, pods: list[Any], tracked_children: Iterable[WorkloadRef] = ()) -> Snapshot:
     managers = {
-        r: manager_workload(TABLE.by_kind[r.kind], o, IS_GPU)
+        r: manager_workload(a, o, IS_GPU)
         for r, o in api.objects.items()
-        if r.kind in TABLE.by_kind and r.kind not in ("Deployment", "StatefulSet")
+        if (a := TABLE.for_ref(r)) is not None and r.kind not in ("Deployment", "StatefulSet")
     }
     children = {r: workload_from(r.kind, api.objects[r], IS_GPU) for r in tracked_children}
     res = Resolver(TABLE).resolve(children, {}, managers, pods)
@@ -629,9 +658,9 @@ async def test_scale_actuators_stop_and_restore_through_the_scale_subresource(
     ref = FakeApi.ref(o)
     rec = reconciler(tmp_path, api, [])
     wl = workload_from(kind, o, IS_GPU) if kind != "LeaderWorkerSet" else (
-        manager_workload(TABLE.by_kind[kind], o, IS_GPU))  # fmt: skip
+        manager_workload(TABLE.only(kind), o, IS_GPU))  # fmt: skip
     assert await rec.actor.stops.scale_to_zero(wl, reclaimable()) == "scaled-to-zero"
-    assert api.objects[ref]["spec"]["replicas"] == 0 and TABLE.by_kind[kind].is_stopped(api.objects[ref])
+    assert api.objects[ref]["spec"]["replicas"] == 0 and TABLE.only(kind).is_stopped(api.objects[ref])
     n = o["spec"]["replicas"]
     assert api.objects[ref]["metadata"]["annotations"]["ghostgpu.io/reclaimed-from-replicas"] == str(n)
     done = await restore_any(api, ref, ReplicaLedger(api, "ghostgpu-system"), TABLE)  # type: ignore[arg-type]
@@ -658,7 +687,7 @@ async def test_a_manager_kind_that_cannot_be_listed_is_empty_and_synced(code: in
             resp = httpx.Response(code, request=httpx.Request("GET", "http://x"))
             raise ServerError(f"HTTP {code}", status=str(code), response=resp)
 
-    r = OptionalReflector(Api(), resource_type(TABLE.by_kind["RayCluster"]), recheck=0.01)
+    r = OptionalReflector(Api(), resource_type(TABLE.only("RayCluster")), recheck=0.01)
     task = asyncio.ensure_future(r.run())
     await asyncio.wait_for(r.synced.wait(), 1)
     await asyncio.sleep(0.05)
@@ -690,7 +719,7 @@ async def test_an_absent_manager_kind_is_listed_again_less_and_less_often(monkey
             raise asyncio.CancelledError
 
     monkeypatch.setattr(asyncio, "sleep", sleep)
-    r = OptionalReflector(Api(), resource_type(TABLE.by_kind["RayCluster"]))
+    r = OptionalReflector(Api(), resource_type(TABLE.only("RayCluster")))
     with pytest.raises(asyncio.CancelledError):
         await r.run()
     assert slept == [60, 120, 240, 480, 600, 600, 600]
@@ -709,7 +738,7 @@ RECOVERED_PODS = {
 async def test_a_stopped_manager_counts_its_gpu_hours_recovered_until_undone(
     tmp_path: Path, kind: str
 ) -> None:
-    a = TABLE.by_kind[kind]
+    a = TABLE.only(kind)
     o = tracked(kind, "w")
     api = FakeApi([o])
     ref = FakeApi.ref(o)

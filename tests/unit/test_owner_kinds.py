@@ -22,7 +22,7 @@ IS_GPU = gpu_predicate(["nvidia.com/gpu"])
 
 
 def mgr(obj: dict[str, Any]) -> Any:
-    return manager_workload(TABLE.by_kind[obj["kind"]], obj, IS_GPU)
+    return manager_workload(TABLE.only(obj["kind"]), obj, IS_GPU)
 
 
 def test_rayjob_workers_are_one_workload_at_the_rayjob() -> None:
@@ -47,7 +47,7 @@ def test_a_rayjob_kuberay_would_fail_if_suspended_is_escalated_not_stopped() -> 
     o = tracked("RayJob", "rj")
     o["spec"]["shutdownAfterJobFinishes"] = False  # KubeRay: "not allowed to be suspended"
     assert mgr(o).no_actuator
-    assert not TABLE.by_kind["RayJob"].can_stop(o) and TABLE.by_kind["RayJob"].can_stop(
+    assert not TABLE.only("RayJob").can_stop(o) and TABLE.only("RayJob").can_stop(
         tracked("RayJob", "x")
     )
 
@@ -56,12 +56,12 @@ async def test_the_stop_rereads_the_requirement_before_it_writes() -> None:
     o = obj_of("RayJob", "rj")
     o["spec"]["shutdownAfterJobFinishes"] = False  # changed since the cache saw it
     api = FakeApi([o])
-    assert (await stop(api, FakeApi.ref(o), TABLE.by_kind["RayJob"], is_leader=True)).outcome == "unstoppable"
+    assert (await stop(api, FakeApi.ref(o), TABLE.only("RayJob"), is_leader=True)).outcome == "unstoppable"
     assert api.writes == []
 
 
 def test_rayservice_is_tracked_and_judged_but_has_no_stop() -> None:
-    a = TABLE.by_kind["RayService"]
+    a = TABLE.only("RayService")
     rs = mgr(tracked("RayService", "serve"))
     rc = mgr(owned(tracked("RayCluster", "serve-raycluster-x"), "RayService", "serve"))
     p = pod("serve-raycluster-x-gpu-a", "RayCluster", "serve-raycluster-x")
@@ -136,7 +136,7 @@ def test_bad_rows_of_the_new_fields_are_clear_errors(row: dict[str, Any], messag
 
 
 def test_the_tracking_test_reads_bare_resource_requirements() -> None:
-    cel = gpu_cel(TABLE.by_kind["TrainJob"], "['nvidia.com/gpu']")
+    cel = gpu_cel(TABLE.only("TrainJob"), "['nvidia.com/gpu']")
     assert cel == (
         "[object.?spec.?trainer.?resourcesPerNode.orValue({})].exists(c, ['nvidia.com/gpu'].exists(r, "
         "r in c.?limits.orValue({}) || r in c.?requests.orValue({})))"
@@ -144,7 +144,7 @@ def test_the_tracking_test_reads_bare_resource_requirements() -> None:
 
 
 def snapshot(api: FakeApi, pods: list[Any], owners: dict[tuple[str, str, str], OwnerRef | None]) -> Snapshot:
-    managers = {r: manager_workload(TABLE.by_kind[r.kind], o, IS_GPU) for r, o in api.objects.items()}
+    managers = {r: manager_workload(TABLE.only(r.kind), o, IS_GPU) for r, o in api.objects.items()}
     res = Resolver(TABLE).resolve({}, owners, managers, pods)
     return Snapshot({NS: {"ghostgpu.io/reclaim": "enabled"}}, res.workloads, pods, [], top_of=res.top_of)
 

@@ -194,6 +194,7 @@ def test_tracking_policy_shape(default_files: dict[str, str]) -> None:
     assert {r for rule in rules for r in rule["resources"]} == {
         "pods", "deployments", "statefulsets",
         "inferenceservices", "leaderworkersets", "nimservices", "notebooks", "rayclusters",
+        "tfjobs", "mpijobs", "jobs",
         "rayjobs", "rayservices", "jobsets", "trainjobs", "pytorchjobs", "llminferenceservices",
     }  # fmt: skip
     assert {"keda.sh", "ray.io"} & {g for rule in rules for g in rule["apiGroups"]} == {"ray.io"}

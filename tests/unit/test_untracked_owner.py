@@ -83,7 +83,7 @@ def raycluster_of_rayjob(name: str, rayjob: str) -> Any:
         "spec": {"workerGroupSpecs": [{"replicas": 1, "template": {"spec": {"containers": [
             {"name": "w", "resources": {"limits": {"nvidia.com/gpu": "4"}}}]}}}]},
     }  # fmt: skip
-    return manager_workload(TABLE.by_kind["RayCluster"], o, IS_GPU)
+    return manager_workload(TABLE.only("RayCluster"), o, IS_GPU)
 
 
 def snapshot(
@@ -121,7 +121,7 @@ def test_the_holder_is_the_top_of_the_chain_the_caches_see() -> None:
     assert snap.holder_of(job_pod) == WorkloadRef("Job", NS, "train")
     assert snap.holder_of(bare) == WorkloadRef("Pod", NS, "lonely")
     assert snap.holder_of(ray_pod) == WorkloadRef("RayJob", NS, "rj")  # through the RayCluster cache
-    assert snap.holder_of(op_pod) == WorkloadRef("Serving", NS, "s1")
+    assert snap.holder_of(op_pod) == WorkloadRef("Serving", NS, "s1", "example.com")
     # none of them is a workload: nothing is judged, so nothing is ever written
     assert snap.workloads == {}
 
@@ -284,16 +284,20 @@ def test_by_owner_names_the_kinds_holding_gpus_outside_kueue_most_first() -> Non
     rj_obj = {"apiVersion": "ray.io/v1", "kind": "RayJob",
               "metadata": {"name": "rj", "namespace": NS, "uid": "uid-rj"},
               "spec": {"shutdownAfterJobFinishes": True}}  # fmt: skip
-    rj = manager_workload(TABLE.by_kind["RayJob"], rj_obj, IS_GPU)
+    rj = manager_workload(TABLE.only("RayJob"), rj_obj, IS_GPU)
     snap = snapshot({dep.ref: dep}, pods, managers={rc.ref: rc, rj.ref: rj})
-    rows = [(r.kind, r.acts, r.holders, r.gpus) for r in by_owner_kind(snap, opted_in_pods_of(snap))]
+    rows = [(r.kind, r.group, r.acts, r.holders, r.gpus) for r in by_owner_kind(snap, opted_in_pods_of(snap))]
     # a RayJob is stopped through its row; plain Jobs are only counted (no row: add one to act)
-    assert rows == [("RayJob", True, 1, 8.0), ("Job", False, 2, 5.0), ("Deployment", True, 1, 2.0)]
+    assert rows == [
+        ("RayJob", "ray.io", True, 1, 8.0),
+        ("Job", "batch", False, 2, 5.0),
+        ("Deployment", "apps", True, 1, 2.0),
+    ]
     # the same RayJob without shutdownAfterJobFinishes: held, but ghostgpu cannot stop it
     rj_obj["spec"] = {}
-    rj = manager_workload(TABLE.by_kind["RayJob"], rj_obj, IS_GPU)
+    rj = manager_workload(TABLE.only("RayJob"), rj_obj, IS_GPU)
     snap = snapshot({dep.ref: dep}, pods, managers={rc.ref: rc, rj.ref: rj})
-    assert by_owner_kind(snap, opted_in_pods_of(snap))[0] == OwnerKindRow("RayJob", False, 1, 8.0)
+    assert by_owner_kind(snap, opted_in_pods_of(snap))[0] == OwnerKindRow("RayJob", False, 1, 8.0, "ray.io")
 
 
 def shadow_reconciler(
@@ -326,13 +330,14 @@ async def test_the_leaders_books_export_the_owner_kinds_and_drop_a_kind_that_sto
     rj_obj = {"apiVersion": "ray.io/v1", "kind": "RayJob",
               "metadata": {"name": "rj", "namespace": NS, "uid": "uid-rj"},
               "spec": {"shutdownAfterJobFinishes": True}}  # fmt: skip
-    rj = manager_workload(TABLE.by_kind["RayJob"], rj_obj, IS_GPU)
+    rj = manager_workload(TABLE.only("RayJob"), rj_obj, IS_GPU)
     ray = [pod("rj-worker-0", ("RayCluster", "rj-raycluster"), gpus="8")]
     jobs = [pod("train-a", ("Job", "train")), pod("train-b", ("Job", "train"), gpus="2")]
     queued = [pod("queued", ("Job", "q"), **{"kueue.x-k8s.io/podset": "main"})]  # Kueue's own
 
     def gauge(kind: str, stoppable: str) -> float | None:
-        labels = {"owner_kind": kind, "stoppable": stoppable}
+        group = {"RayJob": "ray.io", "Job": "batch"}[kind]
+        labels = {"owner_kind": kind, "owner_group": group, "stoppable": stoppable}
         return metrics.registry.get_sample_value("ghostgpu_owner_kind_outside_kueue_gpus", labels)
 
     def exposed() -> list[str]:
@@ -347,7 +352,10 @@ async def test_the_leaders_books_export_the_owner_kinds_and_drop_a_kind_that_sto
     # The Job's pods are gone: its series goes, it does not stay at its last value.
     await rec.poll_once(snapshot({}, ray + queued, managers={rc.ref: rc, rj.ref: rj}))
     assert gauge("RayJob", "true") == 8.0 and gauge("Job", "false") is None
-    assert exposed() == ['ghostgpu_owner_kind_outside_kueue_gpus{owner_kind="RayJob",stoppable="true"} 8.0']
+    assert exposed() == [
+        "ghostgpu_owner_kind_outside_kueue_gpus"
+        '{owner_group="ray.io",owner_kind="RayJob",stoppable="true"} 8.0'
+    ]
 
     # The ghost gauge holds the same GPUs (the RayCluster's 8 as untracked holders' of the namespace).
     ghosts = [

@@ -60,19 +60,17 @@ class Stopper:
         # revert guard treat a RayCluster's suspend like a Deployment's scale.
         self.gitops = gitops
         self.revert_guard = RevertGuard(cluster, metrics)
-        self._stop_specs = {
-            a.kind: StopSpec(tuple(a.writes), a.is_stopped) for a in actuators.by_kind.values()
-        }
+        self._stop_specs = {a.group_kind: StopSpec(tuple(a.writes), a.is_stopped) for a in actuators.rows()}
 
     def actuator(self, wl: Workload) -> Actuator | None:
         """The row that stops `wl`; None for an evicted bare Pod and an owner with no actuator."""
         if wl.ref.kind == "Pod" or wl.no_actuator:
             return None
-        return self.actuators.get(wl.ref.kind)
+        return self.actuators.for_ref(wl.ref)
 
     def stop_spec(self, wl: Workload) -> StopSpec | None:
         """What the stop of `wl` writes and how to tell it holds (None: nothing is stopped)."""
-        return self._stop_specs.get(wl.ref.kind) if self.actuator(wl) is not None else None
+        return self._stop_specs.get(wl.ref.group_kind) if self.actuator(wl) is not None else None
 
     async def stop(self, wl: Workload, verdict: Verdict) -> str:
         """Stop `wl` through its row; the outcome ("scaled-to-zero", "stopped", or why not)."""
@@ -105,7 +103,7 @@ class Stopper:
             reason="Reclaimed",
             message=f"stopped {ref.short} through its own API: {describe_stop(actuator)} "
             f"({verdict.kind.value}; previous value recorded in {RECLAIMED_FROM_RECORD}); undo: "
-            f"ghostgpu restore {ref.short} -n {ref.namespace}",
+            f"ghostgpu restore {ref.target} -n {ref.namespace}",
             type_="Warning",
         )
         log.warning(
@@ -220,7 +218,7 @@ class Stopper:
             fresh,
             reason="Reclaimed",
             message=f"scaled {ref.short} from {replicas} to 0 replicas ({verdict.kind.value}; count "
-            f"recorded in {record}); undo: ghostgpu restore {ref.short} -n {ref.namespace}",
+            f"recorded in {record}); undo: ghostgpu restore {ref.target} -n {ref.namespace}",
             type_="Warning",
         )
         log.warning(

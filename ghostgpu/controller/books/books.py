@@ -127,7 +127,7 @@ class Books:
         if reclaimed_from is not None:
             return reclaimed_from if wl.replicas == 0 else None
         raw = wl.annotations.get(RECLAIMED_FROM_RECORD)
-        a = self.actuators.get(wl.ref.kind)
+        a = self.actuators.for_ref(wl.ref)
         if raw is None or a is None or a.stop == "scale" or not a.is_stopped(wl.raw):
             return None
         try:

@@ -1,4 +1,4 @@
-"""GPUs held outside Kueue by top owner kind (pure): which operators hold them, so a platform team
+"""GPUs held outside Kueue by top owner group and kind (pure): which operators hold them, so a platform team
 sees which kinds to add an actuator row for (`ghostgpu status --by owner`; the leader exports the
 same rows each poll as `ghostgpu_owner_kind_outside_kueue_gpus`, books.py)."""
 
@@ -18,9 +18,16 @@ class OwnerKindRow:
     acts: bool  # ghostgpu can stop this kind (an actuator row whose stop applies)
     holders: int  # distinct top owners of this kind holding GPUs
     gpus: float
+    group: str = ""  # its API group: batch/v1's Job and Volcano's batch.volcano.sh Job are two rows
 
     def as_dict(self) -> dict[str, object]:
-        return {"kind": self.kind, "actionable": self.acts, "holders": self.holders, "gpus": self.gpus}
+        return {
+            "kind": self.kind,
+            "group": self.group,
+            "actionable": self.acts,
+            "holders": self.holders,
+            "gpus": self.gpus,
+        }
 
 
 def by_owner_kind(
@@ -33,14 +40,15 @@ def by_owner_kind(
     `untracked`: this snapshot's `untracked_holders` when the caller has them (the books' poll),
     else computed here."""
     opted = snap.opted_in()
-    gpus: dict[tuple[str, bool], float] = {}
-    holders: dict[tuple[str, bool], set[WorkloadRef]] = {}
+    gpus: dict[tuple[str, str, bool], float] = {}
+    holders: dict[tuple[str, str, bool], set[WorkloadRef]] = {}
 
     def add(ref: WorkloadRef, acts: bool, pods: Sequence[PodView]) -> None:
         n = sum(sum(p.gpu_requests.values()) for p in pods if p.holds_gpus)
         if n:
-            gpus[(ref.kind, acts)] = gpus.get((ref.kind, acts), 0.0) + n
-            holders.setdefault((ref.kind, acts), set()).add(ref)
+            key = (ref.kind, ref.group, acts)
+            gpus[key] = gpus.get(key, 0.0) + n
+            holders.setdefault(key, set()).add(ref)
 
     for ref, pods in pods_of.items():
         wl = snap.workloads.get(ref)
@@ -50,8 +58,8 @@ def by_owner_kind(
         untracked = untracked_holders(snap.pods, snap.namespaces, pods_of, snap.holder_of)
     for ref, pods in untracked.items():
         add(ref, False, pods)
-    rows = [OwnerKindRow(k, acts, len(holders[(k, acts)]), n) for (k, acts), n in gpus.items()]
-    return sorted(rows, key=lambda r: (-r.gpus, r.kind, r.acts))
+    rows = [OwnerKindRow(k, acts, len(holders[(k, g, acts)]), n, g) for (k, g, acts), n in gpus.items()]
+    return sorted(rows, key=lambda r: (-r.gpus, r.kind, r.group, r.acts))
 
 
 __all__ = ["OwnerKindRow", "by_owner_kind"]

@@ -99,7 +99,7 @@ def placeholder_name(holder: str, flavor: str, gpus: int) -> str:
 
 
 def _holder(ref: WorkloadRef) -> str:
-    return f"{ref.kind.lower()}/{ref.name}"
+    return ref.short  # `job/x` for a batch Job, `job.batch.volcano.sh/x` for Volcano's
 
 
 def queues_of(local_queues: Iterable[Mapping[str, Any]], name: str) -> dict[str, str]:

@@ -35,7 +35,8 @@ def immediate_holder(pod: PodView) -> WorkloadRef:
     """The pod's own controller owner (or the pod when bare): the holder without owner caches."""
     if pod.owner_kind is None:
         return WorkloadRef("Pod", pod.namespace, pod.name)
-    return WorkloadRef(pod.owner_kind, pod.namespace, pod.owner_name or "")
+    group, kind = pod.owner_group_kind or ("", pod.owner_kind)
+    return WorkloadRef(kind, pod.namespace, pod.owner_name or "", group)
 
 
 def untracked_holders(

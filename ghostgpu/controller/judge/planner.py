@@ -69,7 +69,7 @@ def gate_for(
     """(action class, the gate's config, actuator) for reclaiming `workload`. A manager's stop is
     scored as its own class, `stop_<kind>` with the actuator's base risk (the KServe stop deletes a
     Deployment: riskier than a scale); a row of that name in autonomy.actionClasses wins."""
-    a = None if workload.ref.kind == "Pod" or workload.no_actuator else table.get(workload.ref.kind)
+    a = None if workload.ref.kind == "Pod" or workload.no_actuator else table.for_ref(workload.ref)
     if a is None:
         return action_class(workload).value, autonomy, None
     name = a.action_class
@@ -147,7 +147,7 @@ def plan(
     if workload.no_actuator:
         # A controller owner ghostgpu cannot stop: writing its child would be undone by it.
         why = (
-            f"{workload.ref.kind} {workload.ref.name} owns these GPU pods and has no actuator "
+            f"{_kind_of(workload)} {workload.ref.name} owns these GPU pods and has no actuator "
             "(controller.actuators): ghostgpu does not write its children; stop it by hand or add an "
             "actuator for its kind"
         )
@@ -159,3 +159,9 @@ def plan(
     return Plan(
         record, "evict" if cls is ActionClass.EVICT_POD else "scale-to-zero", decision, decision.reason
     )
+
+
+def _kind_of(workload: Workload) -> str:
+    """The kind, with its group where the kind alone could mean another group."""
+    ref = workload.ref
+    return ref.kind if ref.target.startswith(f"{ref.kind.lower()}/") else f"{ref.kind} ({ref.group})"
