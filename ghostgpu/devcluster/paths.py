@@ -125,7 +125,7 @@ class Toolchain:
             / (
                 f"owner-crds-lws-{v['LWS_VERSION']}-kserve-{v['KSERVE_VERSION']}-keda-{v['KEDA_VERSION']}"
                 f"-jobset-{v['JOBSET_VERSION']}-trainer-{v['TRAINER_VERSION']}"
-                f"-training-operator-{v['TRAINING_OPERATOR_VERSION']}"
+                f"-training-operator-{v['TRAINING_OPERATOR_VERSION']}-set-{v['OWNER_CRDS_SET']}"
             )
             / "crds",
             kubelet=r / f"kubelet-{v['KUBERNETES_VERSION']}" / "bin" / "kubelet",
