@@ -3,39 +3,52 @@
 
 from __future__ import annotations
 
+import contextlib
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import typer
+from typer.core import TyperGroup
 
 from ghostgpu import __version__
 
 
-class _BoundaryApp(typer.Typer):
-    """The app every command runs in: a failure ghostgpu can name (ghostgpu.boundary.explain)
-    ends in its one or two lines and exit 2, for every command alike; `--debug` keeps the
-    traceback."""
+class _BoundaryGroup(TyperGroup):
+    """The root command every subcommand runs in (also under typer's CliRunner): a failure
+    ghostgpu can name (ghostgpu.boundary.explain, a bad flag or argument included) ends in its
+    `error:` and `fix:` lines and exit 2, for every command alike; `--debug` keeps the traceback."""
 
-    debug = False
+    def make_context(self, info_name: str | None, args: list[str], parent: Any = None, **extra: Any) -> Any:
+        # The root's own options (`ghostgpu --bogus`) fail here, before `--debug` is parsed.
+        with _boundary("--debug" in args):
+            return super().make_context(info_name, args, parent=parent, **extra)
 
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        try:
-            return super().__call__(*args, **kwargs)
-        except Exception as exc:
-            from ghostgpu.boundary import EXIT_CODE, explain
-
-            lines = None if self.debug else explain(exc)
-            if lines is None:
-                raise
-            for line in lines:
-                print(line, file=sys.stderr)
-            sys.exit(EXIT_CODE)
+    def invoke(self, ctx: Any) -> Any:
+        with _boundary(bool(ctx.params.get("debug"))):
+            return super().invoke(ctx)
 
 
-app = _BoundaryApp(
+@contextlib.contextmanager
+def _boundary(debug: bool) -> Iterator[None]:
+    try:
+        yield
+    except Exception as exc:
+        from ghostgpu.boundary import EXIT_CODE, explain
+
+        lines = None if debug else explain(exc)
+        if lines is None:
+            raise
+        for line in lines:
+            print(line, file=sys.stderr)
+        raise typer.Exit(EXIT_CODE) from None
+
+
+app = typer.Typer(
     name="ghostgpu",
     help="Find GPU workloads that bypass Kueue, prove they are idle, and reclaim them safely.",
+    cls=_BoundaryGroup,
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
@@ -58,7 +71,6 @@ def main(
     ),
 ) -> None:
     """ghostgpu command line."""
-    _BoundaryApp.debug = debug
 
 
 # --- render ---

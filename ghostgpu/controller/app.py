@@ -9,6 +9,7 @@ import gc
 import importlib.util
 import logging
 import os
+import re
 import signal
 import socket
 import time
@@ -17,11 +18,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from ghostgpu import __version__
 from ghostgpu.actuators import ActuatorTable
-from ghostgpu.config import ControllerConfig, load_config, load_controller_config
+from ghostgpu.boundary import input_error
+from ghostgpu.config import ControllerConfig, read_config_file
 from ghostgpu.controller import keys
 from ghostgpu.controller.act.gitops import ApiReader, GitOpsPreflight
 from ghostgpu.controller.books.accounting import FlavorSpec, node_labels_for_books
@@ -79,21 +79,37 @@ class LoadedConfig:
 
 
 def load_any_config(path: str | Path | None) -> LoadedConfig:
-    """The whole ghostgpu.yaml (flavors known) or the ConfigMap's controller section alone."""
+    """The whole ghostgpu.yaml (flavors known) or the ConfigMap's controller section alone, told
+    apart by config.is_whole_file; no file: the defaults."""
     if path is None:
         return LoadedConfig(ControllerConfig(), None)
-    data = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
-    if isinstance(data, dict) and data.get("kind") == "GhostgpuConfig":
-        full = load_config(path)
-        # As render writes it into the ConfigMap: the DRA flavors ride in the controller section.
-        controller = full.controller.model_copy(update={"dra_flavors": full.dra_flavors()})
-        flavors = [
-            FlavorSpec(f.name, f.resource, dict(f.node_labels))
-            for f in full.flavors
-            if f.resource is not None
-        ]
-        return LoadedConfig(controller, flavors + dra_flavor_specs(controller))
-    return LoadedConfig(load_controller_config(path), None)
+    read = read_config_file(path)
+    if read.whole is None:
+        return LoadedConfig(read.controller, None)
+    plugin = [f for f in read.whole.flavors if f.resource is not None]
+    flavors = [FlavorSpec(f.name, f.resource, dict(f.node_labels)) for f in plugin]
+    return LoadedConfig(read.controller, flavors + dra_flavor_specs(read.controller))
+
+
+_NAMESPACE = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+
+
+def lease_namespace_of(
+    flag: str | None, cfg: ControllerConfig, environ: Mapping[str, str] = os.environ
+) -> str:
+    """Where the Lease lives: --lease-namespace, else POD_NAMESPACE (the downward API), else
+    controller.namespace; a value that is no namespace name is refused naming where it came from."""
+    for source, value in (("--lease-namespace", flag), ("POD_NAMESPACE", environ.get("POD_NAMESPACE"))):
+        if value:
+            if not _NAMESPACE.fullmatch(value):
+                raise input_error(
+                    f"{source}={value!r}: not a namespace name "
+                    "(lowercase letters, digits and '-', at most 63)",
+                    f"set {source} to the namespace of the controller's Lease, or unset it "
+                    f"(default: controller.namespace, {cfg.namespace})",
+                )
+            return value
+    return cfg.namespace
 
 
 def dra_flavor_specs(cfg: ControllerConfig) -> list[FlavorSpec]:
@@ -342,7 +358,7 @@ async def run_controller(
     informers = Informers(api, is_gpu, table, sorted({f.key for f in dra_flavors}))
     elector = LeaderElector(
         api,
-        namespace=lease_namespace or os.environ.get("POD_NAMESPACE") or cfg.namespace,
+        namespace=lease_namespace_of(lease_namespace, cfg),
         name=cfg.lease_name,
         identity=identity,
         lease_duration=lease_duration,

@@ -12,6 +12,7 @@ from typing import Any
 import typer
 
 ConfigOpt = typer.Option(None, "--config", "-c", help="ghostgpu.yaml, or the ConfigMap's controller section.")
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 KubeconfigOpt = typer.Option(
     None, "--kubeconfig", help="Kubeconfig file (default: in-cluster or ~/.kube/config)."
 )
@@ -48,35 +49,39 @@ def controller(
     log_level: str = typer.Option("INFO", "--log-level"),
 ) -> None:
     """Run the reclaim controller (shadow mode unless the config says enforce)."""
-    from ghostgpu.config_errors import ConfigError
+    from ghostgpu.boundary import Override, input_error, validated_overrides
+    from ghostgpu.config import ControllerConfig
     from ghostgpu.controller import jsonlog
-    from ghostgpu.controller.app import LoadedConfig, load_any_config, run_controller
+    from ghostgpu.controller.app import LoadedConfig, lease_namespace_of, load_any_config, run_controller
 
+    if log_level.upper() not in LOG_LEVELS:
+        raise input_error(f"--log-level {log_level!r}: not a level", f"give one of {', '.join(LOG_LEVELS)}")
+    if not 0 < retry_period < renew_deadline < lease_duration:
+        raise input_error(
+            f"--retry-period {retry_period:g} < --renew-deadline {renew_deadline:g} < --lease-duration "
+            f"{lease_duration:g} does not hold",
+            "give the three so that each is shorter than the next (defaults 2 < 10 < 15 seconds)",
+        )
+    loaded = load_any_config(config)
+    lease_namespace_of(lease_namespace, loaded.controller)  # refused before connecting
+    flags = [
+        Override(key, flag, given)
+        for key, flag, given in (
+            ("mode", "--mode", mode),
+            ("pollInterval", "--poll-interval", poll_interval),
+            ("startupGrace", "--startup-grace", startup_grace),
+            ("kueueNudge", "--kueue-nudge", kueue_nudge),
+        )
+        if given is not None
+    ]
+    if prometheus_url is not None:
+        prometheus = loaded.controller.prometheus.model_dump(by_alias=True, mode="json")
+        merged = {**prometheus, "url": prometheus_url}
+        flags.append(Override("prometheus", "--prometheus-url", prometheus_url, merged))
+    if flags:
+        base = loaded.controller.model_dump(by_alias=True, mode="json")
+        loaded = LoadedConfig(validated_overrides(ControllerConfig, base, flags), loaded.flavors)
     jsonlog.setup(log_level)
-    try:
-        loaded = load_any_config(config)
-    except ConfigError as exc:
-        typer.echo(str(exc), err=True)
-        raise typer.Exit(2) from None
-    overrides: dict[str, object] = {}
-    if mode:
-        overrides["mode"] = mode
-    if poll_interval:
-        overrides["pollInterval"] = poll_interval
-    if startup_grace:
-        overrides["startupGrace"] = startup_grace
-    if kueue_nudge is not None:
-        overrides["kueueNudge"] = kueue_nudge
-    if prometheus_url:
-        overrides["prometheus"] = {
-            **loaded.controller.prometheus.model_dump(by_alias=True, mode="json"),
-            "url": prometheus_url,
-        }
-    if overrides:
-        from ghostgpu.config import ControllerConfig
-
-        merged = {**loaded.controller.model_dump(by_alias=True, mode="json"), **overrides}
-        loaded = LoadedConfig(ControllerConfig.model_validate(merged), loaded.flavors)
     asyncio.run(
         run_controller(
             loaded,
@@ -108,12 +113,12 @@ def status(
     verdict, truly free, and what Kueue believes is free. `--by owner`: the top owner kinds holding
     GPUs outside Kueue, and whether ghostgpu can act on them (a kind it cannot is one to add an
     actuator row for)."""
+    from ghostgpu.boundary import input_error
     from ghostgpu.controller.app import load_any_config
     from ghostgpu.controller.ops import status as get_status
 
     if by not in ("flavor", "owner"):
-        typer.echo(f"ghostgpu status: --by {by!r}: expected 'flavor' or 'owner'", err=True)
-        raise typer.Exit(2)
+        raise input_error(f"--by {by!r}: not a grouping", "give --by flavor (the default) or --by owner")
     if by == "owner":
         _status_by_owner(load_any_config(config), kubeconfig, as_json)
         return

@@ -613,8 +613,9 @@ def test_cli_unwritable_output_is_a_clean_error(tmp_path: Path) -> None:
     not_a_dir = tmp_path / "file"
     not_a_dir.write_text("")
     result = runner.invoke(app, ["render", "-o", str(not_a_dir)])
-    assert result.exit_code == 1
-    assert "cannot write the bundles" in result.output
+    assert result.exit_code == 2
+    assert f"error: -o {not_a_dir}: cannot write the bundles" in result.output
+    assert "fix: give -o a directory" in result.output
 
 
 def test_service_monitor_keeps_the_workload_namespace_label() -> None:
