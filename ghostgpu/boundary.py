@@ -215,7 +215,8 @@ def _causes(exc: BaseException) -> Iterator[BaseException]:
         yield e
         if isinstance(e, BaseExceptionGroup):
             todo.extend(e.exceptions)
-        for nxt in (e.__cause__, e.__context__):
+        # `raise ... from None` says the context is not the failure: do not explain by it.
+        for nxt in (e.__cause__, None if e.__suppress_context__ else e.__context__):
             if nxt is not None:
                 todo.append(nxt)
 
@@ -287,7 +288,9 @@ def _usage_error(e: BaseException) -> list[str] | None:
 
 
 def input_error(what: str, fix: str) -> BoundaryError:
-    """A flag, argument or environment variable that cannot be used: what it is, how to give it."""
+    """A flag, argument or environment variable that cannot be used: what it is, how to give it.
+    A multi-line `what` (a parser's message with its pointer lines) is joined into one line."""
+    what = "; ".join(line.strip() for line in what.splitlines() if line.strip())
     return BoundaryError(f"error: {what}", f"fix: {fix}")
 
 

@@ -34,6 +34,8 @@ class _BoundaryGroup(TyperGroup):
 def _boundary(debug: bool) -> Iterator[None]:
     try:
         yield
+    except (typer.Exit, typer.Abort):
+        raise  # an exit code the command chose (typer's own exceptions are Exceptions)
     except Exception as exc:
         from ghostgpu.boundary import EXIT_CODE, explain
 
@@ -200,13 +202,20 @@ def bench_scale(
 
     The first-verdict poll is checked against the apiserver budget in the apiserver's audit log.
     """
+    from ghostgpu.boundary import input_error
     from ghostgpu.extras import require
 
+    try:
+        fleet_sizes = [int(s) for s in sizes.split(",") if s.strip()]
+    except ValueError:
+        fleet_sizes = []
+    if not fleet_sizes or min(fleet_sizes) < 1:
+        raise input_error(f"--sizes {sizes!r}: expected fleet sizes >= 1", "give e.g. --sizes 100,1000")
     require("kubernetes", "devcluster", "ghostgpu bench scale")  # it runs the local test cluster
     from ghostgpu.scale.command import run_scale_command
 
     code = run_scale_command(
-        [int(s) for s in sizes.split(",") if s.strip()],
+        fleet_sizes,
         nodes=nodes,
         idle_fraction=idle_fraction,
         steady_polls=steady_polls,

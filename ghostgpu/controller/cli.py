@@ -244,18 +244,29 @@ def restore(
     controller's replica ledger), or undo a manager's annotation/field stop (RayCluster suspend,
     Notebook stop annotation, ...) from its `ghostgpu.io/reclaimed-from` record (docs/managers.md)."""
     from ghostgpu.actuators import ActuatorTable
+    from ghostgpu.boundary import input_error
     from ghostgpu.controller.app import load_any_config
-    from ghostgpu.controller.ops import RestoreError
+    from ghostgpu.controller.ops import RestoreError, parse_target
     from ghostgpu.controller.ops import restore as do_restore
 
     ctrl = load_any_config(config).controller
     table = ActuatorTable(ctrl.actuators)
     try:
+        parse_target(target, namespace, table)
+    except RestoreError as exc:
+        raise input_error(str(exc), "give KIND/NAME, e.g. deployment/notebook-7") from None
+    try:
         done = asyncio.run(
             do_restore(target, namespace, kubeconfig=kubeconfig, ledger_namespace=ctrl.namespace, table=table)
         )
     except RestoreError as exc:
+        # Ran and found nothing it may undo: exit 1, like doctor's failed row (docs/doctor.md).
         typer.echo(f"error: {exc}", err=True)
+        typer.echo(
+            f"fix: nothing was changed; `kubectl -n {namespace} get {target} -o yaml` shows its "
+            "ghostgpu.io/ annotations (docs/managers.md says how each kind is restored)",
+            err=True,
+        )
         raise typer.Exit(1) from None
     typer.echo(done.summary())
 
