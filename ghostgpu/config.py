@@ -710,6 +710,26 @@ class GitOpsConfig(Model):
     )
 
 
+def _claim_name(value: str) -> str:
+    if len(value) > 253 or not _DNS_SUBDOMAIN.match(value):
+        raise ValueError(
+            f"expected a PersistentVolumeClaim name (a DNS subdomain: lower-case letters, digits, "
+            f"'-' and '.', at most 253 characters), got {value!r}"
+        )
+    return value
+
+
+class DecisionLogConfig(Model):
+    """Where the leader's decision log (`ghostgpu report`'s history) lives in the pod."""
+
+    claim_name: Annotated[str, AfterValidator(_claim_name)] | None = Field(
+        None,
+        description="a PersistentVolumeClaim in controller.namespace that keeps the decision log "
+        "across pod restarts and leader changes (ReadWriteMany when replicas > 1: every replica "
+        "mounts it and only the leader writes); unset: an emptyDir, lost with the pod",
+    )
+
+
 class ControllerConfig(Model):
     """Everything `ghostgpu controller` needs; rendered into controller/configmap.yaml."""
 
@@ -778,6 +798,7 @@ class ControllerConfig(Model):
         "the poll's one PromQL query, and the bundle grants no pods/exec; exec: `ps` exec'd into each "
         "idle GPU container (for clusters that cannot run the agent's DaemonSet)",
     )
+    decision_log: DecisionLogConfig = Field(default_factory=DecisionLogConfig)
     reservation_queue: Name = Field(
         "default",
         description="the LocalQueue, in each opted-in namespace, whose ClusterQueue is the team's: "

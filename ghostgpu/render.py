@@ -723,6 +723,7 @@ def _controller_context(cfg: c.GhostgpuConfig) -> dict[str, Any]:
         "replicas": ctrl.replicas,
         "port": ctrl.port,
         "lease_name": ctrl.lease_name,
+        "decision_log_claim": ctrl.decision_log.claim_name,
         "config_key": CONTROLLER_CONFIG_KEY,
         "config_dir": CONTROLLER_CONFIG_DIR,
         "config_hash": config_hash,

@@ -9,7 +9,6 @@ import gc
 import importlib.util
 import logging
 import os
-import re
 import signal
 import socket
 import time
@@ -20,12 +19,12 @@ from typing import Any
 
 from ghostgpu import __version__
 from ghostgpu.actuators import ActuatorTable
-from ghostgpu.boundary import input_error
 from ghostgpu.config import ControllerConfig, read_config_file
 from ghostgpu.controller import keys
 from ghostgpu.controller.act.gitops import ApiReader, GitOpsPreflight
 from ghostgpu.controller.books.accounting import FlavorSpec, node_labels_for_books
 from ghostgpu.controller.books.decisions import DecisionLog
+from ghostgpu.controller.books.leader_decisions import LeaderDecisions
 from ghostgpu.controller.books.placeholders import ReservationMetrics, Reservations, reserve
 from ghostgpu.controller.budget import BudgetedApi, BudgetedExec, BudgetMetrics, RequestBudget
 from ghostgpu.controller.claims import DraCounter, claim_view
@@ -56,6 +55,7 @@ from ghostgpu.controller.ledger import ReplicaLedger
 from ghostgpu.controller.managers import ManagerInformers
 from ghostgpu.controller.metrics import ControllerMetrics
 from ghostgpu.controller.reconciler import PollResult, Reconciler, Snapshot, accounting_from, untracked_of
+from ghostgpu.controller.replica import advertised_address, lease_namespace_of
 from ghostgpu.controller.server import HealthServer
 from ghostgpu.controller.slices import DraCapacity, slice_view
 from ghostgpu.signals.agent import AgentProcessSource, AgentSeries
@@ -89,27 +89,6 @@ def load_any_config(path: str | Path | None) -> LoadedConfig:
     plugin = [f for f in read.whole.flavors if f.resource is not None]
     flavors = [FlavorSpec(f.name, f.resource, dict(f.node_labels)) for f in plugin]
     return LoadedConfig(read.controller, flavors + dra_flavor_specs(read.controller))
-
-
-_NAMESPACE = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
-
-
-def lease_namespace_of(
-    flag: str | None, cfg: ControllerConfig, environ: Mapping[str, str] = os.environ
-) -> str:
-    """Where the Lease lives: --lease-namespace, else POD_NAMESPACE (the downward API), else
-    controller.namespace; a value that is no namespace name is refused naming where it came from."""
-    for source, value in (("--lease-namespace", flag), ("POD_NAMESPACE", environ.get("POD_NAMESPACE"))):
-        if value:
-            if not _NAMESPACE.fullmatch(value):
-                raise input_error(
-                    f"{source}={value!r}: not a namespace name "
-                    "(lowercase letters, digits and '-', at most 63)",
-                    f"set {source} to the namespace of the controller's Lease, or unset it "
-                    f"(default: controller.namespace, {cfg.namespace})",
-                )
-            return value
-    return cfg.namespace
 
 
 def dra_flavor_specs(cfg: ControllerConfig) -> list[FlavorSpec]:
@@ -409,15 +388,24 @@ async def run_controller(
     def ready() -> tuple[bool, str]:
         return informers.synced, "watch caches synced" if informers.synced else "watch caches syncing"
 
+    # Every replica answers /decisions with the leader's log (books/leader_decisions.py).
+    decisions = LeaderDecisions(
+        read_own=dlog.read_bytes,
+        is_leader=elector.is_leader,
+        leader_address=elector.leader_address,
+        holder=lambda: elector.holder,
+        identity=identity,
+    )
     server = HealthServer(
         metrics.registry,
         healthy=healthy,
         ready=ready,
-        decisions=dlog.read_bytes,
+        decisions_answer=decisions,
         host=host,
         port=cfg.port if port is None else port,
     )
     bound = await server.start()
+    elector.address = advertised_address(host, bound)
     log.info("controller starting", extra={"identity": identity, "mode": cfg.mode, "port": bound})
     tasks = [asyncio.create_task(r.run(), name=f"watch-{r.rtype.plural}") for r in informers.all]
     tasks.append(asyncio.create_task(elector.run(), name="leader-election"))

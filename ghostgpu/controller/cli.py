@@ -52,7 +52,8 @@ def controller(
     from ghostgpu.boundary import Override, input_error, validated_overrides
     from ghostgpu.config import ControllerConfig
     from ghostgpu.controller import jsonlog
-    from ghostgpu.controller.app import LoadedConfig, lease_namespace_of, load_any_config, run_controller
+    from ghostgpu.controller.app import LoadedConfig, load_any_config, run_controller
+    from ghostgpu.controller.replica import lease_namespace_of
 
     if log_level.upper() not in LOG_LEVELS:
         raise input_error(f"--log-level {log_level!r}: not a level", f"give one of {', '.join(LOG_LEVELS)}")
@@ -182,27 +183,34 @@ def _status_by_owner(loaded: Any, kubeconfig: str | None, as_json: bool) -> None
 def report(
     source: str = typer.Argument(
         "/var/lib/ghostgpu/decisions.jsonl",
-        help="Decision log file, '-' for stdin, or the controller's http://HOST:PORT/decisions URL.",
+        help="Decision log file, '-' for stdin, or a controller's http://HOST:PORT[/decisions] URL "
+        "(the Service or any replica: each answers with the leader's log).",
     ),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of text."),
 ) -> None:
     """Summarise the shadow-mode decision history: GPU-hours that would have been reclaimed,
     misses (UNKNOWN runs) and whether each cleared on a later poll or persisted."""
-    from ghostgpu.controller.books.decisions import parse_lines, summarize
+    from ghostgpu.boundary import input_error
+    from ghostgpu.controller.books.decisions import DecisionLogError, parse_lines, summarize
 
     if source.startswith(("http://", "https://")):
-        import httpx
-
-        text = httpx.get(source, timeout=30).raise_for_status().text
+        text = _fetch_decisions(source)
     elif source == "-":
         text = sys.stdin.read()
     else:
         try:
-            text = Path(source).read_text(encoding="utf-8")
-        except OSError as exc:
-            typer.echo(f"cannot read {source}: {exc.strerror or exc}", err=True)
-            raise typer.Exit(2) from None
-    rep = summarize(parse_lines(text.splitlines()))
+            text = Path(source).read_text(encoding="utf-8")  # OSError: named by the boundary
+        except UnicodeDecodeError as exc:
+            why = f"{source}: not a text file ({exc.reason})"
+            raise input_error(why, "give the JSONL decision log") from None
+    try:
+        rep = summarize(parse_lines(text.splitlines()))
+    except DecisionLogError as exc:
+        raise input_error(
+            f"{source}: {exc}",
+            "give the controller's decision log (its --decision-log file), '-' for stdin, or its "
+            "http://HOST:PORT/decisions URL",
+        ) from None
     if as_json:
         typer.echo(json.dumps(rep.as_dict(), indent=2, sort_keys=True))
         return
@@ -226,6 +234,29 @@ def report(
             f"  {r.workload}: {r.verdict} at poll {r.reclaimable_at_poll}, "
             f"{r.live_verdict} at poll {r.live_at_poll}"
         )
+
+
+def _fetch_decisions(url: str) -> str:
+    """The leader's decision log from any replica's URL (a follower fetches it from the leader:
+    books/leader_decisions.py); a base URL gets /decisions appended."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    import httpx
+
+    from ghostgpu.boundary import input_error, name_endpoint
+
+    parts = urlsplit(url)
+    if parts.path in ("", "/"):
+        url = urlunsplit(parts._replace(path="/decisions"))
+    name_endpoint(f"{parts.scheme}://{parts.netloc}", "the controller")
+    r = httpx.get(url, timeout=60)  # a transport failure is named by the boundary
+    if r.status_code != 200:
+        raise input_error(
+            f"{url} answered {r.status_code}: {r.text.strip()[:300]}",
+            "point at the controller's Service or a controller pod (port-forward its port, 8080 by "
+            "default) while one replica leads; docs/controller.md",
+        )
+    return r.text
 
 
 LedgerConfigOpt = typer.Option(

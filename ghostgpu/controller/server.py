@@ -8,11 +8,13 @@ from the loop.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 Probe = Callable[[], tuple[bool, str]]
+# An asynchronous /decisions handler: request target -> (status, content type, body).
+DecisionsAnswer = Callable[[str], Awaitable[tuple[int, str, bytes]]]
 
 
 class HealthServer:
@@ -23,6 +25,7 @@ class HealthServer:
         healthy: Probe,
         ready: Probe,
         decisions: Callable[[], bytes] = lambda: b"",
+        decisions_answer: DecisionsAnswer | None = None,
         host: str = "0.0.0.0",
         port: int = 8080,
     ) -> None:
@@ -30,6 +33,7 @@ class HealthServer:
         self.healthy = healthy
         self.ready = ready
         self.decisions = decisions
+        self.decisions_answer = decisions_answer  # replaces `decisions` (the leader's log: app.py)
         self.host = host
         self.port = port
         self._server: asyncio.Server | None = None
@@ -60,6 +64,11 @@ class HealthServer:
             return 200, "application/x-ndjson", self.decisions()
         return 404, "text/plain; charset=utf-8", b"not found"
 
+    async def _answer(self, target: str) -> tuple[int, str, bytes]:
+        if self.decisions_answer is not None and target.split("?", 1)[0] == "/decisions":
+            return await self.decisions_answer(target)
+        return self.route(target)
+
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             request = await asyncio.wait_for(reader.readline(), 10)
@@ -69,7 +78,7 @@ class HealthServer:
             if len(parts) < 2 or parts[0] not in ("GET", "HEAD"):
                 status, ctype, body = 405, "text/plain", b"method not allowed"
             else:
-                status, ctype, body = self.route(parts[1])
+                status, ctype, body = await self._answer(parts[1])
             reason = {200: "OK", 404: "Not Found", 405: "Method Not Allowed", 503: "Service Unavailable"}[
                 status
             ]
