@@ -46,9 +46,11 @@ class LeaderDecisions:
         if local:
             return _unavailable(f"{self.identity} is not the leader (the Lease names {holder or 'nobody'})")
         address = self.leader_address()
-        if address is None:
-            why = "nobody holds the Lease" if not holder else f"the Lease holder {holder} gave no address"
-            return _unavailable(f"{self.identity} is not the leader and {why}; retry in a few seconds")
+        if address is None:  # nobody holds it, the holder gave no address, or it stopped renewing
+            return _unavailable(
+                f"{self.identity} is not the leader and the Lease names no live leader with an address "
+                f"(holder: {holder or 'nobody'}); retry in a few seconds"
+            )
         url = f"http://{address}/decisions?local=1"
         try:
             async with httpx.AsyncClient(timeout=self.timeout_s) as client:
