@@ -9,8 +9,6 @@ from pathlib import Path
 
 import typer
 
-from ghostgpu.boundary import input_error
-from ghostgpu.devcluster.paths import TESTBIN_FIX
 from ghostgpu.extras import require
 
 app = typer.Typer(help="A local GPU test cluster: real control plane, kwok GPU nodes, Kueue, Kyverno.")
@@ -20,6 +18,7 @@ _STATE = typer.Option(None, "--state-dir", help="State directory (default ~/.cac
 
 def kueue_release() -> str:
     """The Kueue release `up` would run; GHOSTGPU_KUEUE_VERSION that names none is an input error."""
+    from ghostgpu.boundary import input_error
     from ghostgpu.devcluster.paths import KUEUE_VERSION_ENV, kueue_version, read_versions
 
     versions = read_versions()
@@ -60,7 +59,9 @@ def up(
     Kueue is hack/versions.env's KUEUE_VERSION; GHOSTGPU_KUEUE_VERSION=v0.17.0 (built by
     `hack/testbin kueue@v0.17.0`) starts another release."""
     require("kubernetes", "devcluster", "ghostgpu devcluster")
+    from ghostgpu.boundary import input_error
     from ghostgpu.devcluster.cluster import ALL_ADDONS, DevCluster, status_lines
+    from ghostgpu.devcluster.paths import TESTBIN_FIX
 
     if provider == "kind":
         ok, why = docker_available()
