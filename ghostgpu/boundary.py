@@ -249,6 +249,14 @@ def _explain_one(e: BaseException) -> list[str] | None:
         return _server_error(e, e.response)
     if isinstance(e, (httpx.TransportError, ssl.SSLError)):
         return _transport_error(e)
+    if isinstance(e, httpx.InvalidURL):
+        proxies = _proxy_variables()
+        if proxies:
+            return [
+                f"error: an address is not a URL ({e}); the proxy variables set: {proxies}",
+                "fix: give each proxy variable a URL such as http://proxy:3128, or unset it",
+            ]
+        return [f"error: an address is not a URL: {e}", "fix: check the URLs given (flags, the config)"]
     if type(e).__name__ == "APITimeoutError":
         return [f"error: {e}", "fix: check the apiserver's health and the network to it, then retry"]
     if type(e).__module__.startswith("botocore"):
@@ -375,10 +383,18 @@ def _transport_error(e: BaseException) -> list[str]:
     if isinstance(e, httpx.TimeoutException):
         return [f"error: {where} did not answer in time", "fix: check that it runs and the network to it"]
     reason = str(e) or type(e).__name__
+    proxies = _proxy_variables()
     return [
-        f"error: cannot reach {where}: {reason}",
-        "fix: check that it is running and that the address is right",
+        f"error: cannot reach {where}: {reason}" + (f" (through the proxy: {proxies})" if proxies else ""),
+        "fix: check that it is running and that the address is right"
+        + (", and the proxy variables (or NO_PROXY)" if proxies else ""),
     ]
+
+
+def _proxy_variables() -> str:
+    """The proxy environment variables httpx (and so kr8s) reads, as set: NAME=value, ..."""
+    names = ("HTTPS_PROXY", "HTTP_PROXY", "ALL_PROXY", "https_proxy", "http_proxy", "all_proxy")
+    return ", ".join(f"{n}={os.environ[n]!r}" for n in names if os.environ.get(n))
 
 
 def _has_request(e: Any) -> bool:

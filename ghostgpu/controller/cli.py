@@ -28,7 +28,9 @@ def controller(
     poll_interval: str | None = typer.Option(None, "--poll-interval", help="Override pollInterval, e.g. 5s."),
     startup_grace: str | None = typer.Option(None, "--startup-grace", help="Override startupGrace, e.g. 0s."),
     host: str = typer.Option("0.0.0.0", "--host", help="Address of the /metrics, /healthz, /readyz server."),
-    port: int | None = typer.Option(None, "--port", help="Port of that server (default controller.port)."),
+    port: int | None = typer.Option(
+        None, "--port", min=0, max=65535, help="Port of that server (default controller.port; 0: any free)."
+    ),
     identity: str | None = typer.Option(
         None, "--identity", help="Leader-election identity (default POD_NAME)."
     ),

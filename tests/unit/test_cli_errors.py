@@ -25,7 +25,8 @@ EXAMPLE = yaml.safe_load((REPO / "examples" / "ghostgpu.yaml").read_text())
 def ghostgpu(home: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     """The CLI as a subprocess: what a user runs, down to the interpreter's own traceback."""
     clean = {k: v for k, v in os.environ.items() if not k.startswith(("KUBE", "AWS_", "GHOSTGPU_", "POD_"))}
-    clean.pop("NODE_NAME", None)
+    for name in ("NODE_NAME", *PROXIES):
+        clean.pop(name, None)
     clean.update(HOME=str(home), PYTHONPATH=str(REPO), COLUMNS="200", **(env or {}))
     return subprocess.run(
         [sys.executable, "-m", "ghostgpu.cli", *args],
@@ -41,7 +42,9 @@ def in_process(home: Path, *args: str, env: dict[str, str] | None = None) -> sub
     """The same through typer's runner in this process (the same root command and boundary), for
     the many cases where a subprocess per case would only add interpreter start-ups."""
     unset: dict[str, str | None] = {
-        k: None for k in os.environ if k.startswith(("KUBE", "AWS_", "GHOSTGPU_", "POD_")) or k == "NODE_NAME"
+        k: None
+        for k in os.environ
+        if k.startswith(("KUBE", "AWS_", "GHOSTGPU_", "POD_")) or k in ("NODE_NAME", *PROXIES)
     }
     result = CliRunner().invoke(app, list(args), env={**unset, "HOME": str(home), **(env or {})})
     stderr = result.stderr
@@ -79,6 +82,16 @@ def whole_file_without_kind(tmp: Path) -> str:
     return write(tmp, "ghostgpu.yaml", yaml.safe_dump(data))
 
 
+KUBECONFIG = """\
+apiVersion: v1
+kind: Config
+clusters: [{name: c, cluster: {server: "https://127.0.0.1:1"}}]
+users: [{name: u, user: {token: t}}]
+contexts: [{name: x, context: {cluster: c, user: u}}]
+current-context: x
+"""
+PROXIES = ("HTTPS_PROXY", "HTTP_PROXY", "ALL_PROXY", "https_proxy", "http_proxy", "all_proxy")
+
 # (id, args with {tmp} / {yaml_error} placeholders, environment, needles)
 Case = tuple[str, list[str], dict[str, str], list[str]]
 
@@ -113,6 +126,12 @@ EVERY_COMMAND: list[Case] = [
     ("status file", ["status", "-c", "{tmp}/absent.yaml"], {}, ["cannot read file"]),
     ("status flag", ["status", "--by", "team"], {}, ["--by 'team'", "fix: give --by flavor"]),
     ("status env", ["status"], {"KUBECONFIG": "{tmp}/gone"}, ["KUBECONFIG=", "no such file"]),
+    (
+        "status env proxy",
+        ["status", "--kubeconfig", "{kubeconfig}"],
+        {"HTTPS_PROXY": "::bad"},
+        ["the proxy variables set: HTTPS_PROXY='::bad'", "fix: give each proxy variable a URL"],
+    ),
     ("report file", ["report", "{a_file}"], {}, ["line 1: not a decision record"]),
     ("report flag", ["report", "http://127.0.0.1:1/decisions"], {}, ["cannot reach the controller"]),
     ("restore file", ["restore", "deployment/x", "-n", "y", "-c", "{unknown_key}"], {}, ["unknown key"]),
@@ -180,6 +199,7 @@ def _fill(text: str, tmp: Path) -> str:
             tmp, "keys.yaml", yaml.safe_dump({**EXAMPLE, "controller": {"pollIntervl": "30s"}})
         ),
         "{a_file}": lambda: write(tmp, "garbage.json", "{not json\n"),
+        "{kubeconfig}": lambda: write(tmp, "kubeconfig", KUBECONFIG),
         "{state_dir}": lambda: str(Path(write(tmp, "state.json", "{not json\n")).parent),
     }
     for key, make in files.items():
@@ -258,3 +278,45 @@ def test_a_controller_key_at_the_top_of_a_whole_file_says_where_it_goes(tmp_path
     assert_error_and_fix(
         run, "mode: unknown key at the top level of the whole file: a controller key goes under"
     )
+
+
+async def test_an_address_in_use_is_named() -> None:
+    """`--port`/`--listen` on a taken port: the listener's own OSError, as the boundary words it."""
+    import asyncio
+    import socket
+
+    from ghostgpu.boundary import explain
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        try:
+            await asyncio.start_server(lambda r, w: None, "127.0.0.1", port)
+        except OSError as exc:
+            lines = explain(exc)
+        else:
+            pytest.fail("bound a taken port")
+    assert lines is not None and lines[0].startswith("error: cannot listen:") and str(port) in lines[0]
+    assert lines[1].startswith("fix: choose another address or port")
+
+
+@pytest.mark.parametrize(
+    ("data", "whole"),
+    [
+        ({"flavors": [], "teams": []}, True),  # no kind: still the whole file
+        ({"kind": "GhostgpuConfig"}, True),
+        ({"controller": {"mode": "enforce"}}, True),
+        ({"mode": "enforce", "pollInterval": "30s"}, False),
+        ({}, False),  # empty: the controller section's defaults
+        ({"flavors": [], "mode": "enforce"}, True),  # mixed: whole, and `mode` is flagged
+        ({"pollIntervl": "30s"}, False),  # a misspelt controller key
+        ({"flavours": []}, True),  # a misspelt whole-file key
+    ],
+)
+def test_one_rule_tells_the_whole_file_from_the_controller_section(
+    data: dict[str, object], whole: bool
+) -> None:
+    from ghostgpu.config import is_whole_file
+
+    assert is_whole_file(data) is whole
