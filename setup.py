@@ -1,6 +1,6 @@
 """Ships the top-level templates/ and examples/ghostgpu.yaml inside the wheel.
 
-DESIGN §2 keeps the Jinja2 sources at the repository top level. A wheel gets copies under
+The Jinja2 sources live at the repository top level (docs/design.md#layout). A wheel gets copies under
 ghostgpu/_data/; an editable install reads the originals (ghostgpu/resources.py looks in both).
 All other metadata lives in pyproject.toml.
 """

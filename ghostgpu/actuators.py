@@ -1,4 +1,5 @@
-"""Actuators: how each kind of workload manager is stopped and restored, as data (DESIGN §4a).
+"""Actuators: how each kind of workload manager is stopped and restored, as data
+(docs/design.md#managers-and-actuators).
 
 A GPU workload's manager is the top of its controller chain (managers.py). A reclaim acts on that
 object through its own stop API, never on a child the manager rewrites. Each row of the table says:
@@ -126,10 +127,23 @@ class Actuator(_Model):
     """One row of the table (see the module docstring). camelCase in ghostgpu.yaml."""
 
     group: str = Field(description='API group ("" for core, "apps", "ray.io", ...)')
-    version: str
-    kind: str = Field(pattern=r"^[A-Z][A-Za-z0-9]*$")
-    plural: str = Field(pattern=r"^[a-z][a-z0-9]*$")
-    stop: StopKind
+    version: str = Field(
+        description="The kind's API version (v1, v1beta1, ...).",
+    )
+    kind: str = Field(
+        pattern=r"^[A-Z][A-Za-z0-9]*$",
+        description="The manager kind this row stops (RayCluster, Notebook, ...); a row of a "
+        "built-in kind replaces the built-in row.",
+    )
+    plural: str = Field(
+        pattern=r"^[a-z][a-z0-9]*$",
+        description="The kind's resource name in the API (rayclusters): for RBAC and the API paths.",
+    )
+    stop: StopKind = Field(
+        description="How the kind is stopped: scale (the scale subresource to 0), annotation (set "
+        "`annotation` to `value`), field (set the JSON pointer `field` to `value`) or "
+        "none (its controller honours no stop: tracked, escalated, never written).",
+    )
     annotation: str | None = Field(None, description="stop: annotation -- the annotation key")
     field: str | None = Field(None, description="stop: field -- the JSON pointer, e.g. /spec/suspend")
     value: str | bool | int | None = Field(
@@ -149,9 +163,18 @@ class Actuator(_Model):
     replicas: str | None = Field(
         None, description="JSON pointer of the replica count (`*`: summed over a list), when there is one"
     )
-    base_risk: float = Field(0.15, ge=0.0, le=1.0)
+    base_risk: float = Field(
+        0.15,
+        ge=0.0,
+        le=1.0,
+        description="The risk gate's base risk of this stop (0 to 1): higher for a stop that is "
+        "harder to undo.",
+    )
     track: bool = Field(True, description="the Kyverno policy labels objects of this kind")
-    note: str = ""
+    note: str = Field(
+        "",
+        description="Free text for people: why the kind is stopped this way.",
+    )
 
     @field_validator("containers", "container", "resources", "field", "replicas", "requires")
     @classmethod
@@ -324,7 +347,7 @@ def builtin_actuators() -> list[Actuator]:
     return [
         a(group="apps", version="v1", kind="Deployment", plural="deployments", stop="scale",
           replicas="/spec/replicas", containers=_TEMPLATE, base_risk=0.15,
-          note="scale subresource to 0; an HPA stops scaling at 0 (ScalingDisabled)"),
+          note="an HPA above it stops scaling at 0: ScalingDisabled"),
         a(group="apps", version="v1", kind="StatefulSet", plural="statefulsets", stop="scale",
           replicas="/spec/replicas", containers=_TEMPLATE, base_risk=0.15),
         a(group="kubeflow.org", version="v1", kind="Notebook", plural="notebooks", stop="annotation",

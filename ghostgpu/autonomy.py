@@ -1,8 +1,8 @@
 """Risk-gated autonomy: score an action, decide act-alone vs escalate, calibrate the thresholds.
 
-Pure (DESIGN §2): no I/O, no clock, no Kubernetes. The controller builds `WorkloadFacts`, calls
-`decide_action()` and obeys the `Decision`; `ghostgpu calibrate` feeds labelled incidents to
-`calibrate()` and prints the thresholds that go back into `AutonomyConfig`.
+Pure (docs/design.md#rooms-and-doors): no I/O, no clock, no Kubernetes. The controller builds
+`WorkloadFacts`, calls `decide_action()` and obeys the `Decision`; `ghostgpu calibrate` feeds
+labelled incidents to `calibrate()` and prints the thresholds that go back into `AutonomyConfig`.
 
 The score (after the published safe-autonomy method for Kubernetes remediation) is a
 weighted sum of terms that are each normalised to [0, 1]:
@@ -97,11 +97,27 @@ class ActionClassSpec(_Model):
     `observational` classes (annotate, Event, notify) do not change the target's behaviour.
     """
 
-    base_risk: UnitFloat
-    touches_admission_policy: bool = False
-    crosses_tenant: bool = False
-    observational: bool = False
-    description: str = ""
+    base_risk: UnitFloat = Field(
+        description="How hard the action is to undo: 0 leaves nothing a person must undo, 1 cannot "
+        "be undone and destroys data.",
+    )
+    touches_admission_policy: bool = Field(
+        False,
+        description="The class always touches a cluster-wide admission policy (adds that term to the score).",
+    )
+    crosses_tenant: bool = Field(
+        False,
+        description="The class always crosses a tenant boundary (adds that term to the score).",
+    )
+    observational: bool = Field(
+        False,
+        description="The class does not change the target's behaviour (annotate, Event, notify): it "
+        "may run for any verdict.",
+    )
+    description: str = Field(
+        "",
+        description="What the action does, for people.",
+    )
 
 
 def default_action_classes() -> dict[str, ActionClassSpec]:
@@ -174,13 +190,34 @@ def default_action_classes() -> dict[str, ActionClassSpec]:
 class RiskWeights(_Model):
     """Weights of the score terms. The defaults sum to 1, so scores lie in [0, 1]."""
 
-    base_risk: NonNegFloat = 0.45
-    manifest_lines: NonNegFloat = 0.10
-    gpus: NonNegFloat = 0.10
-    replicas: NonNegFloat = 0.05
-    volumes: NonNegFloat = 0.05
-    admission_policy: NonNegFloat = 0.10
-    cross_tenant: NonNegFloat = 0.15
+    base_risk: NonNegFloat = Field(
+        0.45,
+        description="Weight of the action class's base risk (how hard it is to undo).",
+    )
+    manifest_lines: NonNegFloat = Field(
+        0.10,
+        description="Weight of the target's manifest size (its YAML line count).",
+    )
+    gpus: NonNegFloat = Field(
+        0.10,
+        description="Weight of the GPUs the action touches.",
+    )
+    replicas: NonNegFloat = Field(
+        0.05,
+        description="Weight of the replicas the action touches.",
+    )
+    volumes: NonNegFloat = Field(
+        0.05,
+        description="Weight of the volumes attached to the target.",
+    )
+    admission_policy: NonNegFloat = Field(
+        0.10,
+        description="Weight of touching a cluster-wide admission policy.",
+    )
+    cross_tenant: NonNegFloat = Field(
+        0.15,
+        description="Weight of crossing a tenant boundary.",
+    )
 
     @model_validator(mode="after")
     def _some_weight(self) -> RiskWeights:
@@ -197,24 +234,57 @@ class BlastScale(_Model):
     replicas: 8; volumes: 4 attached volumes (PVCs, volumeClaimTemplates).
     """
 
-    manifest_lines: PosFloat = 200.0
-    gpus: PosFloat = 8.0
-    replicas: PosFloat = 8.0
-    volumes: PosFloat = 4.0
+    manifest_lines: PosFloat = Field(
+        200.0,
+        description="Manifest lines that count as a full blast radius (200: a large Deployment or "
+        "ClusterPolicy).",
+    )
+    gpus: PosFloat = Field(
+        8.0,
+        description="GPUs that count as a full blast radius (8: one full GPU node).",
+    )
+    replicas: PosFloat = Field(
+        8.0,
+        description="Replicas that count as a full blast radius.",
+    )
+    volumes: PosFloat = Field(
+        4.0,
+        description="Attached volumes (PVCs, volumeClaimTemplates) that count as a full blast radius.",
+    )
 
 
 class CalibrationSettings(_Model):
     """Inputs of `ghostgpu calibrate` (published values as defaults)."""
 
-    ceiling: UnitFloat = 0.02  # max catastrophic-autonomy rate (dangerous handled alone / dangerous)
+    ceiling: UnitFloat = Field(
+        0.02,
+        description="The highest tolerated rate of dangerous incidents handled without a person; "
+        "calibrate picks the thresholds that keep to it.",
+    )
     # pooled: the ceiling bounds the whole per-type policy, like the global tau (never worse than it);
     # each: every incident type must keep to the ceiling on its own (stricter: no type may spend the
     # budget of the others, but per-type can then lose to the global tau).
-    per_type_ceiling: Literal["pooled", "each"] = "pooled"
-    autonomous_latency_seconds: PosFloat = 40.0  # time to repair when the controller acts alone
-    escalation_latency_seconds: PosFloat = 1200.0  # time to repair when a person is paged
-    tau_step: PosFloat = 0.025
-    tau_max: PosFloat = 1.0  # the grid is extended past the largest score if needed
+    per_type_ceiling: Literal["pooled", "each"] = Field(
+        "pooled",
+        description="pooled: the ceiling bounds the per-type thresholds together (never worse than "
+        "the global tau); each: every incident type keeps to it on its own (stricter).",
+    )
+    autonomous_latency_seconds: PosFloat = Field(
+        40.0,
+        description="Time to repair when the controller acts alone, for the MTTR calibrate reports.",
+    )
+    escalation_latency_seconds: PosFloat = Field(
+        1200.0,
+        description="Time to repair when a person is paged; at least autonomousLatencySeconds.",
+    )
+    tau_step: PosFloat = Field(
+        0.025,
+        description="Step of the threshold grid calibrate sweeps.",
+    )
+    tau_max: PosFloat = Field(
+        1.0,
+        description="Top of the threshold grid (extended past the largest score if needed).",
+    )
 
     @model_validator(mode="after")
     def _latencies(self) -> CalibrationSettings:
@@ -228,9 +298,20 @@ class CalibrationSettings(_Model):
 class EscalationSettings(_Model):
     """Where escalations go besides the Event and the `ghostgpu.io/escalated` annotation."""
 
-    webhook_url: str | None = None  # Alertmanager v2 base URL or full /api/v2/alerts URL; None = off
-    timeout_seconds: PosFloat = 5.0
-    extra_labels: dict[str, str] = Field(default_factory=dict)  # e.g. {"cluster": "prod-a"}
+    webhook_url: str | None = Field(
+        None,
+        description="Alertmanager v2 base URL or full /api/v2/alerts URL that escalations are "
+        "POSTed to; none: no webhook.",
+    )
+    timeout_seconds: PosFloat = Field(
+        5.0,
+        description="Timeout of one webhook POST; a failed POST never stops the controller, and the "
+        "Event and annotation remain.",
+    )
+    extra_labels: dict[str, str] = Field(
+        default_factory=dict,
+        description="Labels added to every escalation alert, e.g. {cluster: prod-a}.",
+    )  # e.g. {"cluster": "prod-a"}
 
 
 class AutonomyConfig(_Model):
@@ -245,14 +326,44 @@ class AutonomyConfig(_Model):
     for any other verdict (ACTIVE, IDLE_HELD, UNKNOWN) only annotate/Event/notify can.
     """
 
-    tau: NonNegFloat = 0.25
-    tau_by_type: dict[str, NonNegFloat] = Field(default_factory=dict)
-    weights: RiskWeights = Field(default_factory=RiskWeights)
-    scale: BlastScale = Field(default_factory=BlastScale)
-    action_classes: dict[str, ActionClassSpec] = Field(default_factory=default_action_classes)
-    autonomous_verdicts: list[str] = Field(default_factory=lambda: ["FINISHED_IDLE", "ZOMBIE_CRASHED"])
-    calibration: CalibrationSettings = Field(default_factory=CalibrationSettings)
-    escalation: EscalationSettings = Field(default_factory=EscalationSettings)
+    tau: NonNegFloat = Field(
+        0.25,
+        description="The global threshold: an action runs without a person only when its risk score "
+        "is below it. The default is what `ghostgpu calibrate` yields on the built-in "
+        "incident set with a 2 % ceiling.",
+    )
+    tau_by_type: dict[str, NonNegFloat] = Field(
+        default_factory=dict,
+        description="A threshold per verdict kind (FINISHED_IDLE, ...) or incident type, which "
+        "takes the place of tau for that type; keys are normalised (node_pressure).",
+    )
+    weights: RiskWeights = Field(
+        default_factory=RiskWeights,
+        description="Weights of the score terms.",
+    )
+    scale: BlastScale = Field(
+        default_factory=BlastScale,
+        description="The count at which each blast-radius term saturates at 1.",
+    )
+    action_classes: dict[str, ActionClassSpec] = Field(
+        default_factory=default_action_classes,
+        description="The action-class table (name -> row); a row given here replaces the built-in "
+        "row of that name or adds a class.",
+    )
+    autonomous_verdicts: list[str] = Field(
+        default_factory=lambda: ["FINISHED_IDLE", "ZOMBIE_CRASHED"],
+        description="Verdict kinds for which an action that changes the workload may run without a "
+        "person at all; for any other (ACTIVE, IDLE_HELD, UNKNOWN) only observational "
+        "actions can.",
+    )
+    calibration: CalibrationSettings = Field(
+        default_factory=CalibrationSettings,
+        description="Inputs of `ghostgpu calibrate`.",
+    )
+    escalation: EscalationSettings = Field(
+        default_factory=EscalationSettings,
+        description="Where escalations go besides the Event and the ghostgpu.io/escalated annotation.",
+    )
 
     @field_validator("tau_by_type")
     @classmethod
@@ -475,9 +586,9 @@ def decide_action(
     """The controller's one call: gate `action` on the target described by `facts`.
 
     `verdict` is the verdict kind (`VerdictKind` value, e.g. "FINISHED_IDLE"); its tau comes from
-    `tau_by_type[verdict]`, else the global tau. Belt and braces for DESIGN §4: for a verdict not in
-    `autonomous_verdicts` (ACTIVE, IDLE_HELD, UNKNOWN) a non-observational action is always
-    escalated, whatever its score. Raises ValueError only for an unknown action class.
+    `tau_by_type[verdict]`, else the global tau. Belt and braces for docs/design.md#action: for a
+    verdict not in `autonomous_verdicts` (ACTIVE, IDLE_HELD, UNKNOWN) a non-observational action is
+    always escalated, whatever its score. Raises ValueError only for an unknown action class.
     """
     cfg = config or AutonomyConfig()
     risk = score(action, facts, cfg)

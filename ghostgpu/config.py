@@ -49,7 +49,7 @@ from ghostgpu.image_ref import validate_image_ref
 from ghostgpu.quantity import Duration, Quantity
 from ghostgpu.verdict import ProcessPolicy
 
-# --- the labelling contract (DESIGN §3); fixed, not configurable ---
+# --- the labelling contract (docs/design.md#labelling-contract); fixed, not configurable ---
 OPT_IN_LABEL = "ghostgpu.io/reclaim"
 OPT_IN_VALUE = "enabled"
 TEAM_LABEL = "ghostgpu.io/team"
@@ -150,23 +150,44 @@ class Model(BaseModel):
 
 
 class Taint(Model):
-    key: str
-    value: str | None = None
-    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"]
+    key: str = Field(
+        description="The taint's key, as on the Node.",
+    )
+    value: str | None = Field(
+        None,
+        description="The taint's value (none for a key-only taint).",
+    )
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] = Field(
+        description="The taint's effect.",
+    )
 
 
 class Toleration(Model):
-    key: str | None = None
-    operator: Literal["Equal", "Exists"] = "Equal"
-    value: str | None = None
-    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
+    key: str | None = Field(
+        None,
+        description="The taint key tolerated; none with operator Exists tolerates every taint.",
+    )
+    operator: Literal["Equal", "Exists"] = Field(
+        "Equal",
+        description="Equal matches key and value; Exists matches the key whatever its value.",
+    )
+    value: str | None = Field(
+        None,
+        description="The value tolerated with operator Equal.",
+    )
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = Field(
+        None,
+        description="The effect tolerated; none tolerates every effect.",
+    )
 
 
 class Flavor(Model):
     """A GPU model or MIG profile: one Kueue ResourceFlavor that provides one resource, either a
     device-plugin resource (`resource`) or the Kueue resource of a DRA device class (`deviceClass`)."""
 
-    name: Name
+    name: Name = Field(
+        description="The ResourceFlavor's name; teams[].quota and namespaceQuota refer to the flavor by it.",
+    )
     resource: ResourceName | None = Field(
         default=None, description="the device-plugin resource, e.g. nvidia.com/gpu"
     )
@@ -175,9 +196,22 @@ class Flavor(Model):
         description="a deviceClasses name: the flavor's GPUs come through DRA and are charged under "
         "that class's Kueue resource",
     )
-    node_labels: LabelMap = Field(default_factory=dict)
-    node_taints: list[Taint] = Field(default_factory=list)
-    tolerations: list[Toleration] = Field(default_factory=list)
+    node_labels: LabelMap = Field(
+        default_factory=dict,
+        description="The labels of this flavor's nodes (ResourceFlavor spec.nodeLabels): Kueue adds "
+        "them to an admitted workload's node selector, and the controller counts a "
+        "node's GPUs under the flavor whose labels it carries.",
+    )
+    node_taints: list[Taint] = Field(
+        default_factory=list,
+        description="Taints of this flavor's nodes (ResourceFlavor spec.nodeTaints): Kueue admits "
+        "onto the flavor only workloads that tolerate them.",
+    )
+    tolerations: list[Toleration] = Field(
+        default_factory=list,
+        description="Tolerations Kueue adds to workloads admitted onto this flavor (ResourceFlavor "
+        "spec.tolerations).",
+    )
 
     @model_validator(mode="after")
     def _one_source(self) -> Flavor:
@@ -193,8 +227,16 @@ class DeviceClass(Model):
     """A DRA DeviceClass whose devices are GPUs, and the resource Kueue charges them under
     (Kueue's Configuration `resources.deviceClassMappings`). `resource` defaults to the class name."""
 
-    name: DeviceClassName
-    resource: KueueResourceName
+    name: DeviceClassName = Field(
+        description="The DeviceClass's name, as published by the DRA driver (gpu.nvidia.com, "
+        "mig.nvidia.com); a flavor names it in deviceClass.",
+    )
+    resource: KueueResourceName = Field(
+        description="The resource Kueue charges the class's devices under (Kueue Configuration "
+        "resources.deviceClassMappings); defaults to the class name. Give it a name of "
+        "its own, never a device-plugin name such as nvidia.com/gpu, so nothing is "
+        "counted twice.",
+    )
     extended_resource_name: ResourceName | None = Field(
         default=None,
         description="the class's spec.extendedResourceName (Kubernetes DRAExtendedResource): pods "
@@ -232,9 +274,19 @@ _KUEUE_MAX_CLASSES_PER_MAPPING = 8
 class FlavorQuota(Model):
     """Quota of one flavor for one team. A bare quantity is shorthand for {nominalQuota: q}."""
 
-    nominal_quota: Quantity
-    borrowing_limit: Quantity | None = None
-    lending_limit: Quantity | None = None
+    nominal_quota: Quantity = Field(
+        description="GPUs of the flavor the team is guaranteed (Kueue nominalQuota); a whole number.",
+    )
+    borrowing_limit: Quantity | None = Field(
+        None,
+        description="At most this many GPUs borrowed from the cohort beyond nominalQuota (none: no "
+        "limit); needs a cohort.",
+    )
+    lending_limit: Quantity | None = Field(
+        None,
+        description="At most this many of the nominal GPUs lent to the cohort (none: all of them); "
+        "needs a cohort, at most nominalQuota.",
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -245,29 +297,73 @@ class FlavorQuota(Model):
 
 
 class BorrowWithinCohort(Model):
-    policy: Literal["Never", "LowerPriority"] = "Never"
-    max_priority_threshold: int | None = None
+    policy: Literal["Never", "LowerPriority"] = Field(
+        "Never",
+        description="Never, or LowerPriority: preempt lower-priority workloads of other "
+        "ClusterQueues to borrow; needs reclaimWithinCohort other than Never.",
+    )
+    max_priority_threshold: int | None = Field(
+        None,
+        description="Only workloads at or below this priority may be preempted while borrowing.",
+    )
 
 
 class Preemption(Model):
-    reclaim_within_cohort: Literal["Never", "LowerPriority", "Any"] = "Never"
-    within_cluster_queue: Literal["Never", "LowerPriority", "LowerOrNewerEqualPriority"] = "Never"
-    borrow_within_cohort: BorrowWithinCohort = Field(default_factory=BorrowWithinCohort)
+    reclaim_within_cohort: Literal["Never", "LowerPriority", "Any"] = Field(
+        "Never",
+        description="Whether pending work may preempt workloads of other ClusterQueues in the "
+        "cohort that borrow this team's quota (Never, LowerPriority, Any).",
+    )
+    within_cluster_queue: Literal["Never", "LowerPriority", "LowerOrNewerEqualPriority"] = Field(
+        "Never",
+        description="Whether pending work may preempt the team's own admitted workloads (Never, "
+        "LowerPriority, LowerOrNewerEqualPriority).",
+    )
+    borrow_within_cohort: BorrowWithinCohort = Field(
+        default_factory=BorrowWithinCohort,
+        description="Whether the team may preempt in the cohort while borrowing; Kueue allows it "
+        "only with classical preemption (kueue.fairSharing disabled).",
+    )
 
 
 class FairSharing(Model):
-    weight: Quantity = Quantity("1")
+    weight: Quantity = Field(
+        Quantity("1"),
+        description="The fair-sharing weight (Kueue spec.fairSharing.weight): a higher weight gets "
+        "a larger share of what the cohort lends.",
+    )
 
 
 class Team(Model):
     """A team owns one ClusterQueue (named after the team)."""
 
-    name: Name
-    cohort: Name | None = None
-    quota: dict[str, FlavorQuota] = Field(min_length=1, description="flavor name -> quota")
-    preemption: Preemption = Field(default_factory=Preemption)
-    fair_sharing: FairSharing | None = None
-    queueing_strategy: Literal["BestEffortFIFO", "StrictFIFO"] = "BestEffortFIFO"
+    name: Name = Field(
+        description="The team's name: its ClusterQueue's name, and the value opted-in namespaces "
+        "carry in the ghostgpu.io/team label.",
+    )
+    cohort: Name | None = Field(
+        None,
+        description="The cohort the team's ClusterQueue joins to borrow and lend quota; none keeps it alone.",
+    )
+    quota: dict[str, FlavorQuota] = Field(
+        min_length=1,
+        description="Quota per flavor (flavor name -> quota): the team's ClusterQueue's quota of the "
+        "flavor's GPU resource. A bare number is shorthand for {nominalQuota: n}.",
+    )
+    preemption: Preemption = Field(
+        default_factory=Preemption,
+        description="How the team's ClusterQueue preempts to admit its work (Kueue spec.preemption).",
+    )
+    fair_sharing: FairSharing | None = Field(
+        None,
+        description="The ClusterQueue's fair-sharing weight in its cohort (only with "
+        "kueue.fairSharing.enabled).",
+    )
+    queueing_strategy: Literal["BestEffortFIFO", "StrictFIFO"] = Field(
+        "BestEffortFIFO",
+        description="BestEffortFIFO lets a smaller workload be admitted past one that does not fit; "
+        "StrictFIFO keeps the order.",
+    )
     namespace_quota: dict[str, Quantity] | None = Field(
         default=None,
         description="optional GPU ResourceQuota per opted-in namespace of the team: flavor -> count",
@@ -275,24 +371,48 @@ class Team(Model):
 
 
 class Cohort(Model):
-    name: Name
-    fair_sharing: FairSharing | None = None
+    name: Name = Field(
+        description="The Cohort's name; teams[].cohort refers to it.",
+    )
+    fair_sharing: FairSharing | None = Field(
+        None,
+        description="The Cohort's fair-sharing weight within its parent (only with "
+        "kueue.fairSharing.enabled).",
+    )
 
 
 class PriorityClass(Model):
     """A Kueue WorkloadPriorityClass."""
 
-    name: Name
-    value: int = Field(ge=-2147483648, le=1000000000)
-    description: str = ""
+    name: Name = Field(
+        description="The WorkloadPriorityClass's name, which workloads name in their "
+        "kueue.x-k8s.io/priority-class label.",
+    )
+    value: int = Field(
+        ge=-2147483648,
+        le=1000000000,
+        description="The priority: higher is admitted first and may preempt lower.",
+    )
+    description: str = Field(
+        "",
+        description="Free text kept on the object for people.",
+    )
 
 
 class StaticNamespace(Model):
     """A namespace that gets its LocalQueue from the kueue/ bundle instead of from Kyverno."""
 
-    name: Name
-    team: Name
-    queue_name: Name = DEFAULT_LOCAL_QUEUE
+    name: Name = Field(
+        description="The namespace.",
+    )
+    team: Name = Field(
+        description="The team whose ClusterQueue the LocalQueue points at.",
+    )
+    queue_name: Name = Field(
+        DEFAULT_LOCAL_QUEUE,
+        description="The LocalQueue's name; `default` is the one Kueue puts pod-based workloads "
+        "without a queue-name label into.",
+    )
 
 
 # --- Kueue manager configuration -----------------------------------------------------------------
@@ -301,16 +421,35 @@ class StaticNamespace(Model):
 class WaitForPodsReady(Model):
     """All-or-nothing admission: evict and requeue workloads whose pods are not all ready in time."""
 
-    enabled: bool = True
-    timeout: Duration = Duration("10m")
-    block_admission: bool = True
-    recovery_timeout: Duration | None = None
+    enabled: bool = Field(
+        True,
+        description="Render waitForPodsReady at all.",
+    )
+    timeout: Duration = Field(
+        Duration("10m"),
+        description="How long an admitted workload's pods may take to be ready before Kueue evicts it.",
+    )
+    block_admission: bool = Field(
+        True,
+        description="Admit nothing else while an admitted workload's pods are not ready yet (Kueue "
+        "blockAdmission).",
+    )
+    recovery_timeout: Duration | None = Field(
+        None,
+        description="How long a workload whose pods were ready may go not-ready before Kueue evicts "
+        "it (none: never for that reason).",
+    )
 
 
 class KueueFairSharing(Model):
-    enabled: bool = True
+    enabled: bool = Field(
+        True,
+        description="Turn fair sharing on: preemption within a cohort follows each ClusterQueue's "
+        "share and weight.",
+    )
     preemption_strategies: list[Literal["LessThanOrEqualToFinalShare", "LessThanInitialShare"]] = Field(
-        default_factory=lambda: ["LessThanOrEqualToFinalShare", "LessThanInitialShare"]
+        default_factory=lambda: ["LessThanOrEqualToFinalShare", "LessThanInitialShare"],
+        description="The fair-sharing preemption strategies, in order; Kueue accepts only these three lists.",
     )
 
     @field_validator("preemption_strategies")
@@ -356,16 +495,41 @@ _DEFAULT_FRAMEWORKS = [f for f in KUEUE_FRAMEWORKS if f != "sparkoperator.k8s.io
 
 
 class KueueConfig(Model):
-    namespace: Name = "kueue-system"
-    config_map_name: Name = "kueue-manager-config"
+    namespace: Name = Field(
+        "kueue-system",
+        description="The namespace Kueue runs in: its manager ConfigMap is written there, and it is "
+        "left out of managedJobsNamespaceSelector.",
+    )
+    config_map_name: Name = Field(
+        "kueue-manager-config",
+        description="The name of Kueue's manager ConfigMap, which the rendered one replaces.",
+    )
     # Pod-based integrations (pod, deployment, statefulset) are what ghostgpu is about.
-    frameworks: list[str] = Field(default_factory=lambda: list(_DEFAULT_FRAMEWORKS), min_length=1)
-    wait_for_pods_ready: WaitForPodsReady = Field(default_factory=WaitForPodsReady)
-    fair_sharing: KueueFairSharing = Field(default_factory=KueueFairSharing)
+    frameworks: list[str] = Field(
+        default_factory=lambda: list(_DEFAULT_FRAMEWORKS),
+        min_length=1,
+        description="Kueue's integrations (Configuration integrations.frameworks): the job kinds "
+        "Kueue manages. pod, deployment and statefulset are required, since routing new "
+        "GPU workloads into the `default` LocalQueue works through them; frameworks "
+        "whose CRDs are absent are skipped by Kueue at start.",
+    )
+    wait_for_pods_ready: WaitForPodsReady = Field(
+        default_factory=WaitForPodsReady,
+        description="All-or-nothing admission (Kueue waitForPodsReady): a workload whose pods are "
+        "not all ready in time is evicted and requeued.",
+    )
+    fair_sharing: KueueFairSharing = Field(
+        default_factory=KueueFairSharing,
+        description="Kueue's fair sharing among the ClusterQueues of a cohort (Configuration fairSharing).",
+    )
     # ClusterQueues here cover GPU resources only; Kueue refuses workloads that request a
     # resource no ClusterQueue covers, so CPU and memory are left to the scheduler.
     exclude_resource_prefixes: list[str] = Field(
-        default_factory=lambda: ["cpu", "memory", "ephemeral-storage", "hugepages-"]
+        default_factory=lambda: ["cpu", "memory", "ephemeral-storage", "hugepages-"],
+        description="Resources Kueue does not account (Configuration "
+        "resources.excludeResourcePrefixes). The ClusterQueues cover GPUs only, and "
+        "Kueue refuses a workload that requests a resource no ClusterQueue covers, so "
+        "CPU and memory are left to the scheduler.",
     )
 
     @field_validator("frameworks")
@@ -380,15 +544,25 @@ class KueueConfig(Model):
         if len(set(frameworks)) != len(frameworks):
             raise ValueError("an integration is listed twice (Kueue rejects duplicates)")
         if not {"pod", "deployment", "statefulset"} <= set(frameworks):
-            # ghostgpu's routing of new workloads (LocalQueue `default`) needs them (DESIGN §3).
+            # ghostgpu's routing of new workloads (LocalQueue `default`) needs them
+            # (docs/design.md#labelling-contract).
             raise ValueError("expected pod, deployment and statefulset among the frameworks")
         return frameworks
 
 
 class PoliciesConfig(Model):
     # Tracking must never block a workload: a policy error skips the label instead.
-    failure_policy: Literal["Ignore", "Fail"] = "Ignore"
-    validate_job_queue_name: bool = True
+    failure_policy: Literal["Ignore", "Fail"] = Field(
+        "Ignore",
+        description="The Kyverno policies' failurePolicy. Ignore: a policy error skips the "
+        "ghostgpu.io/tracked label and never blocks a workload; Fail: the request is "
+        "refused.",
+    )
+    validate_job_queue_name: bool = Field(
+        True,
+        description="Render validate-job-queue-name.yaml, an Audit-mode policy that reports GPU "
+        "Jobs without a kueue.x-k8s.io/queue-name label.",
+    )
 
 
 # --- controller section (the controller reads this from its ConfigMap) ---------------------------
@@ -431,16 +605,34 @@ class MetricsPreset(Model):
     pods' series itself: one query per poll covers the whole fleet, and its size does not grow
     with it (`render_query` still names pods, for a person reading one workload's series)."""
 
-    utilization_metric: str
+    utilization_metric: str = Field(
+        description="The GPU utilization series.",
+    )
     utilization_scale: float = Field(1.0, gt=0, description="multiply by this to get percent (0-100)")
-    framebuffer_metric: str
+    framebuffer_metric: str = Field(
+        description="The GPU memory (framebuffer) used series.",
+    )
     framebuffer_unit_bytes: int = Field(gt=0, description="bytes per unit of framebuffer_metric")
-    xid_metric: str
-    namespace_label: str
-    pod_label: str
-    utilization_query: QueryTemplate
-    framebuffer_query: QueryTemplate
-    xid_query: QueryTemplate
+    xid_metric: str = Field(
+        description="The XID error series: fault evidence for ZOMBIE_CRASHED.",
+    )
+    namespace_label: str = Field(
+        description="The label that carries the pod's namespace on these series (exported_namespace "
+        "when Prometheus renames it on scrape).",
+    )
+    pod_label: str = Field(
+        description="The label that carries the pod's name on these series.",
+    )
+    utilization_query: QueryTemplate = Field(
+        description="The utilization query ($-placeholders filled per poll); one query covers every "
+        "tracked pod.",
+    )
+    framebuffer_query: QueryTemplate = Field(
+        description="The GPU memory (framebuffer) query, per pod, in units of framebufferUnitBytes.",
+    )
+    xid_query: QueryTemplate = Field(
+        description="The XID query, per pod.",
+    )
 
     def render_query(
         self, kind: Literal["utilization", "framebuffer", "xid"], pods: Sequence[tuple[str, str]]
@@ -521,9 +713,20 @@ class MetricsConfig(Model):
     """Both presets are always present; a key given under `dcgm:` or `hami:` overrides just that
     field of the built-in preset (e.g. only namespaceLabel/podLabel)."""
 
-    preset: Literal["dcgm", "hami"] = "dcgm"
-    dcgm: MetricsPreset = Field(default_factory=_dcgm_preset)
-    hami: MetricsPreset = Field(default_factory=_hami_preset)
+    preset: Literal["dcgm", "hami"] = Field(
+        "dcgm",
+        description="The exporter family whose series the controller and the idle alert read: dcgm "
+        "(dcgm-exporter) or hami (HAMi's vGPU monitor).",
+    )
+    dcgm: MetricsPreset = Field(
+        default_factory=_dcgm_preset,
+        description="The dcgm-exporter preset; a key given here overrides just that field of the "
+        "built-in one.",
+    )
+    hami: MetricsPreset = Field(
+        default_factory=_hami_preset,
+        description="The HAMi preset; a key given here overrides just that field of the built-in one.",
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -549,8 +752,16 @@ def _http_url(value: str) -> str:
 
 
 class PrometheusConfig(Model):
-    url: Annotated[str, AfterValidator(_http_url)] = "http://prometheus-operated.monitoring.svc:9090"
-    timeout: Duration = Duration("10s")
+    url: Annotated[str, AfterValidator(_http_url)] = Field(
+        "http://prometheus-operated.monitoring.svc:9090",
+        description="The Prometheus the controller queries for utilization, memory, XID errors and "
+        "(in agent mode) processes.",
+    )
+    timeout: Duration = Field(
+        Duration("10s"),
+        description="Timeout of one query; a query that times out is a failed signal (UNKNOWN), "
+        "never a zero.",
+    )
 
 
 class ApiserverConfig(Model):
@@ -568,42 +779,102 @@ class S3Config(Model):
     endpoint: str | None = Field(
         None, description="S3-compatible endpoint for s3:// artifact URIs; None = AWS"
     )
-    region: str | None = None
+    region: str | None = Field(
+        None,
+        description="The region of the S3 client; none takes the environment's.",
+    )
 
 
 class ReclaimSwitches(Model):
     """Which reclaimable verdicts may act at all (the risk gate still applies)."""
 
     model_config = ConfigDict(alias_generator=None)
-    FINISHED_IDLE: bool = True
-    ZOMBIE_CRASHED: bool = True
+    FINISHED_IDLE: bool = Field(
+        True,
+        description="Reclaim workloads judged FINISHED_IDLE (utilization zero, no live process, no "
+        "output growth).",
+    )
+    ZOMBIE_CRASHED: bool = Field(
+        True,
+        description="Reclaim workloads judged ZOMBIE_CRASHED (idle with fault evidence or only "
+        "defunct processes).",
+    )
 
     def allows(self, verdict: str) -> bool:
         return bool(getattr(self, verdict, False))
 
 
 class ActionsConfig(Model):
-    reclaim: ReclaimSwitches = Field(default_factory=ReclaimSwitches)
+    reclaim: ReclaimSwitches = Field(
+        default_factory=ReclaimSwitches,
+        description="Which reclaimable verdicts may act at all (the risk gate still applies).",
+    )
 
 
 class AlertsConfig(Model):
     """Idle-GPU alert: average utilization below X% and framebuffer below Y, for a while."""
 
-    utilization_below_percent: float = Field(10.0, gt=0, le=100)
-    framebuffer_below: Quantity = Quantity("500Mi")
-    for_: Duration = Field(Duration("1h"), alias="for")
+    utilization_below_percent: float = Field(
+        10.0,
+        gt=0,
+        le=100,
+        description="The idle alert fires for a pod whose average GPU utilization stays below this "
+        "percent (and whose GPU memory stays below framebufferBelow) for `for`.",
+    )
+    framebuffer_below: Quantity = Field(
+        Quantity("500Mi"),
+        description="The idle alert's GPU memory line: a pod must also stay below this much "
+        "framebuffer used.",
+    )
+    for_: Duration = Field(
+        Duration("1h"),
+        alias="for",
+        description="How long both must hold before the alert fires.",
+    )
     smoothing: Duration = Field(Duration("10m"), description="averaging window inside the expression")
-    severity: str = "warning"
+    severity: str = Field(
+        "warning",
+        description="The alert's severity label, for your Alertmanager routes.",
+    )
     rule_labels: LabelMap = Field(
         default_factory=dict, description="labels your Prometheus ruleSelector needs"
     )
 
 
 class ServiceMonitorConfig(Model):
-    enabled: bool = True
-    interval: Duration = Duration("30s")
+    enabled: bool = Field(
+        True,
+        description="Render the ServiceMonitor (needs the prometheus-operator CRDs).",
+    )
+    interval: Duration = Field(
+        Duration("30s"),
+        description="How often Prometheus scrapes the controller.",
+    )
     labels: LabelMap = Field(
         default_factory=dict, description="labels your Prometheus serviceMonitorSelector needs"
+    )
+
+
+# `http://<service>.<namespace>.svc[.cluster.local][:port]`: a Prometheus inside the cluster.
+_IN_CLUSTER_URL = re.compile(r"^https?://[a-z0-9-]+\.([a-z0-9-]+)\.svc(?:\.[a-z0-9.-]+)?(?::\d+)?(?:/.*)?$")
+DEFAULT_PROMETHEUS_NAMESPACE = "monitoring"
+
+
+class NetworkPolicyConfig(Model):
+    """NetworkPolicies on the controller's port and the node agent's: connections only from the
+    namespace Prometheus runs in (the kubelet's probes come from the node, which a NetworkPolicy
+    never blocks)."""
+
+    enabled: bool = Field(
+        True,
+        description="Render controller/networkpolicy.yaml (needs a network plugin that enforces "
+        "NetworkPolicy to take effect).",
+    )
+    prometheus_namespace: Name | None = Field(
+        None,
+        description="The namespace whose pods scrape the controller and the agent; unset: the "
+        "namespace of controller.prometheus.url when it is a Service in the cluster "
+        "(http://<service>.<namespace>.svc...), else monitoring.",
     )
 
 
@@ -633,10 +904,26 @@ class ProcessesConfig(Model):
     finite wait between periodic runs) and attached sessions are always live work. A list given
     here replaces the built-in one."""
 
-    wrappers: ProgramNames = Field(default_factory=lambda: sorted(_DEFAULT_PROCESSES.wrappers))
-    holders: ProgramNames = Field(default_factory=lambda: sorted(_DEFAULT_PROCESSES.holders))
-    timers: ProgramNames = Field(default_factory=lambda: sorted(_DEFAULT_PROCESSES.timers))
-    interpreters: ProgramNames = Field(default_factory=lambda: sorted(_DEFAULT_PROCESSES.interpreters))
+    wrappers: ProgramNames = Field(
+        default_factory=lambda: sorted(_DEFAULT_PROCESSES.wrappers),
+        description="Programs that wait on their children (init, shell, supervisor): not work by "
+        "themselves, and discounted only when nothing else lives beside them.",
+    )
+    holders: ProgramNames = Field(
+        default_factory=lambda: sorted(_DEFAULT_PROCESSES.holders),
+        description="Programs that only keep a container alive (pause; `sleep` of at least "
+        "foreverSleep counts too): discounted like wrappers.",
+    )
+    timers: ProgramNames = Field(
+        default_factory=lambda: sorted(_DEFAULT_PROCESSES.timers),
+        description="Programs that wait a finite time between periodic runs (cron, timeout): always "
+        "live work, so a periodic job is never reclaimed between runs.",
+    )
+    interpreters: ProgramNames = Field(
+        default_factory=lambda: sorted(_DEFAULT_PROCESSES.interpreters),
+        description="Interpreters seen through: `python3 /usr/bin/supervisord` is the program "
+        "supervisord, so the lists above apply to scripts too.",
+    )
     forever_sleep: Duration = Field(
         Duration("8760h"), description="`sleep N` at least this long is a holder, shorter is a timer"
     )
@@ -669,7 +956,10 @@ class GpuMemoryConfig(Model):
 class GrafanaDashboardConfig(Model):
     """The Grafana dashboard ConfigMap in controller/ (ghostgpu/dashboard/panels.py lists its panels)."""
 
-    enabled: bool = True
+    enabled: bool = Field(
+        True,
+        description="Render the dashboard ConfigMap.",
+    )
     labels: LabelMap = Field(
         default_factory=lambda: {"grafana_dashboard": "1"},
         min_length=1,
@@ -681,12 +971,25 @@ class GrafanaDashboardConfig(Model):
 class DraFlavor(Model):
     """A DRA flavor as the controller sees it (rendered from `flavors[].deviceClass`)."""
 
-    name: Name
-    device_class: DeviceClassName
-    resource: KueueResourceName  # what Kueue charges its devices under
-    node_labels: LabelMap = Field(default_factory=dict)
+    name: Name = Field(
+        description="The flavor's name.",
+    )
+    device_class: DeviceClassName = Field(
+        description="The DeviceClass the flavor's devices belong to.",
+    )
+    resource: KueueResourceName = Field(
+        description="The Kueue resource the class's devices are charged under.",
+    )  # what Kueue charges its devices under
+    node_labels: LabelMap = Field(
+        default_factory=dict,
+        description="The flavor's node labels: the controller counts a node's devices of the class "
+        "under this flavor.",
+    )
     # The class's spec.extendedResourceName; left out of the ConfigMap when unset.
-    extended_resource_name: ResourceName | None = None
+    extended_resource_name: ResourceName | None = Field(
+        None,
+        description="The class's spec.extendedResourceName, when it has one.",
+    )
 
     @property
     def extended_resource_names(self) -> tuple[str, ...]:
@@ -733,35 +1036,116 @@ class DecisionLogConfig(Model):
 class ControllerConfig(Model):
     """Everything `ghostgpu controller` needs; rendered into controller/configmap.yaml."""
 
-    namespace: Name = "ghostgpu-system"
-    service_account: Name = "ghostgpu-controller"
-    image: ImageReference = "ghcr.io/ghostgpu/ghostgpu:0.1.0"
-    replicas: int = Field(2, ge=1, le=10)
+    namespace: Name = Field(
+        "ghostgpu-system",
+        description="The controller's namespace: its Deployment, ConfigMap, Lease, replica ledger "
+        "and alerts live there.",
+    )
+    service_account: Name = Field(
+        "ghostgpu-controller",
+        description="The controller's ServiceAccount, which every rendered Role and ClusterRole binds.",
+    )
+    image: ImageReference = Field(
+        "ghcr.io/ghostgpu/ghostgpu:0.1.0",
+        description="The controller's (and node agent's) image, REPO:TAG or pinned REPO@sha256:<digest>.",
+    )
+    replicas: int = Field(
+        2,
+        ge=1,
+        le=10,
+        description="Controller replicas; one leader acts and writes, the others keep their caches "
+        "warm to take over.",
+    )
     port: int = Field(8080, ge=1024, le=65535, description="serves /metrics, /healthz, /readyz")
-    lease_name: Name = "ghostgpu-controller"
-    mode: Literal["shadow", "enforce"] = "shadow"
-    poll_interval: Duration = Duration("60s")
+    lease_name: Name = Field(
+        "ghostgpu-controller",
+        description="The coordination.k8s.io Lease the replicas elect their leader with.",
+    )
+    mode: Literal["shadow", "enforce"] = Field(
+        "shadow",
+        description="shadow: judge, record and report what would be reclaimed, never touch a "
+        "workload; enforce: reclaim FINISHED_IDLE and ZOMBIE_CRASHED workloads under "
+        "the risk gate.",
+    )
+    poll_interval: Duration = Field(
+        Duration("60s"),
+        description="Time between polls: each poll takes one utilization sample per workload, "
+        "judges and acts.",
+    )
     window: int = Field(5, ge=1, le=1000, description="utilization samples K kept per workload")
     long_window: int = Field(30, ge=1, le=10000, description="all-zero samples before IDLE_HELD")
     zero_threshold: float = Field(0.0, ge=0, le=100, description="utilization percent counted as zero")
-    startup_grace: Duration = Duration("10m")
-    stale_after: Duration = Duration("3m")
-    required_signals: list[SignalName] = Field(
-        default_factory=lambda: ["utilization", "processes", "artifacts", "faults", "memory"], min_length=1
+    startup_grace: Duration = Field(
+        Duration("10m"),
+        description="A workload whose pods started less than this ago is not judged yet: a job "
+        "loading its data or model is idle for a while.",
     )
-    processes: ProcessesConfig = Field(default_factory=ProcessesConfig)
-    gpu_memory: GpuMemoryConfig = Field(default_factory=GpuMemoryConfig)
-    prometheus: PrometheusConfig = Field(default_factory=PrometheusConfig)
-    s3: S3Config = Field(default_factory=S3Config)
-    apiserver: ApiserverConfig = Field(default_factory=ApiserverConfig)
-    metrics: MetricsConfig = Field(default_factory=MetricsConfig)
-    actions: ActionsConfig = Field(default_factory=ActionsConfig)
-    alerts: AlertsConfig = Field(default_factory=AlertsConfig)
-    service_monitor: ServiceMonitorConfig = Field(default_factory=ServiceMonitorConfig)
-    grafana_dashboard: GrafanaDashboardConfig = Field(default_factory=GrafanaDashboardConfig)
+    stale_after: Duration = Field(
+        Duration("3m"),
+        description="A signal reading older than this (a Prometheus sample, an agent scan) is "
+        "stale, and a stale required signal makes the verdict UNKNOWN.",
+    )
+    required_signals: list[SignalName] = Field(
+        default_factory=lambda: ["utilization", "processes", "artifacts", "faults", "memory"],
+        min_length=1,
+        description="The signals a reclaimable verdict needs: if one of them failed or is stale, "
+        "the verdict is UNKNOWN and nothing is reclaimed.",
+    )
+    processes: ProcessesConfig = Field(
+        default_factory=ProcessesConfig,
+        description="How the verdict reads a process tree that only waits.",
+    )
+    gpu_memory: GpuMemoryConfig = Field(
+        default_factory=GpuMemoryConfig,
+        description="Lines for the framebuffer evidence.",
+    )
+    prometheus: PrometheusConfig = Field(
+        default_factory=PrometheusConfig,
+        description="Where the controller reads the GPU series.",
+    )
+    s3: S3Config = Field(
+        default_factory=S3Config,
+        description="The S3 client for s3:// artifact locations (ghostgpu.io/artifacts).",
+    )
+    apiserver: ApiserverConfig = Field(
+        default_factory=ApiserverConfig,
+        description="The client-side budget every apiserver write and exec waits on.",
+    )
+    metrics: MetricsConfig = Field(
+        default_factory=MetricsConfig,
+        description="Where the GPU series live in Prometheus: the exporter preset and its query templates.",
+    )
+    actions: ActionsConfig = Field(
+        default_factory=ActionsConfig,
+        description="Which actions the controller may take at all.",
+    )
+    alerts: AlertsConfig = Field(
+        default_factory=AlertsConfig,
+        description="The idle-GPU alert of the rendered PrometheusRule (docs/reference/metrics.md).",
+    )
+    service_monitor: ServiceMonitorConfig = Field(
+        default_factory=ServiceMonitorConfig,
+        description="The ServiceMonitor that has Prometheus scrape the controller's /metrics.",
+    )
+    network_policy: NetworkPolicyConfig = Field(
+        default_factory=NetworkPolicyConfig,
+        description="The NetworkPolicies that admit connections to the controller's port and the node "
+        "agent's only from the Prometheus namespace.",
+    )
+    grafana_dashboard: GrafanaDashboardConfig = Field(
+        default_factory=GrafanaDashboardConfig,
+        description="The Grafana dashboard ConfigMap in controller/.",
+    )
     # The risk gate (ghostgpu.autonomy): thresholds from `ghostgpu calibrate`, weights, action table.
-    autonomy: AutonomyConfig = Field(default_factory=AutonomyConfig)
-    gitops: GitOpsConfig = Field(default_factory=GitOpsConfig)
+    autonomy: AutonomyConfig = Field(
+        default_factory=AutonomyConfig,
+        description="The risk gate (docs/autonomy.md): thresholds from `ghostgpu calibrate`, "
+        "weights, the action table.",
+    )
+    gitops: GitOpsConfig = Field(
+        default_factory=GitOpsConfig,
+        description="The GitOps pre-flight before a stop (docs/gitops.md).",
+    )
     actuators: list[Actuator] = Field(
         default_factory=list,
         description="how to stop and restore more manager kinds (an in-house operator), added to the "
@@ -798,12 +1182,24 @@ class ControllerConfig(Model):
         "the poll's one PromQL query, and the bundle grants no pods/exec; exec: `ps` exec'd into each "
         "idle GPU container (for clusters that cannot run the agent's DaemonSet)",
     )
-    decision_log: DecisionLogConfig = Field(default_factory=DecisionLogConfig)
+    decision_log: DecisionLogConfig = Field(
+        default_factory=DecisionLogConfig,
+        description="the volume of the leader's decision log, `ghostgpu report`'s history "
+        "(docs/controller.md)",
+    )
     reservation_queue: Name = Field(
         "default",
         description="the LocalQueue, in each opted-in namespace, whose ClusterQueue is the team's: "
         "placeholders are queued there",
     )
+
+    @property
+    def prometheus_namespace(self) -> str:
+        """The namespace the NetworkPolicies admit (docs/agent.md, "Who can connect")."""
+        if self.network_policy.prometheus_namespace:
+            return self.network_policy.prometheus_namespace
+        found = _IN_CLUSTER_URL.match(self.prometheus.url)
+        return found.group(1) if found else DEFAULT_PROMETHEUS_NAMESPACE
 
     @field_validator("reservation", mode="before")
     @classmethod
@@ -831,21 +1227,63 @@ class ControllerConfig(Model):
 
 
 class GhostgpuConfig(Model):
-    api_version: Literal["ghostgpu.io/v1alpha1"] = API_VERSION
-    kind: Literal["GhostgpuConfig"] = KIND
-    flavors: list[Flavor] = Field(min_length=1)
+    api_version: Literal["ghostgpu.io/v1alpha1"] = Field(
+        API_VERSION,
+        description="The file's schema version; the only one is ghostgpu.io/v1alpha1.",
+    )
+    kind: Literal["GhostgpuConfig"] = Field(
+        KIND,
+        description="Marks the file as a whole ghostgpu.yaml (GhostgpuConfig), as opposed to the "
+        "controller section alone that the controller's ConfigMap carries.",
+    )
+    flavors: list[Flavor] = Field(
+        min_length=1,
+        description="The GPU models or MIG profiles of the cluster: each becomes one Kueue "
+        "ResourceFlavor, and teams give quota per flavor.",
+    )
     # GPUs through DRA (docs/dra.md): the DeviceClasses a flavor may name in `deviceClass`. Nothing
     # of them is rendered until a flavor names one.
     device_classes: list[DeviceClass] = Field(
-        default_factory=lambda: [DeviceClass(name=n, resource=n) for n in DEFAULT_DEVICE_CLASSES]
+        default_factory=lambda: [DeviceClass(name=n, resource=n) for n in DEFAULT_DEVICE_CLASSES],
+        description="The DRA DeviceClasses whose devices are GPUs, and the Kueue resource each is "
+        "charged under (docs/dra.md); nothing of them is rendered until a flavor names "
+        "one in deviceClass.",
     )
-    cohorts: list[Cohort] = Field(default_factory=list)
-    priority_classes: list[PriorityClass] = Field(default_factory=list)
-    teams: list[Team] = Field(min_length=1)
-    namespaces: list[StaticNamespace] = Field(default_factory=list)
-    kueue: KueueConfig = Field(default_factory=KueueConfig)
-    policies: PoliciesConfig = Field(default_factory=PoliciesConfig)
-    controller: ControllerConfig = Field(default_factory=ControllerConfig)
+    cohorts: list[Cohort] = Field(
+        default_factory=list,
+        description="Kueue Cohorts: groups of team ClusterQueues that lend each other unused quota.",
+    )
+    priority_classes: list[PriorityClass] = Field(
+        default_factory=list,
+        description="Kueue WorkloadPriorityClasses to render "
+        "(kueue/workload-priority-classes.yaml): the priorities preemption compares, "
+        "independent of pod priority.",
+    )
+    teams: list[Team] = Field(
+        min_length=1,
+        description="The teams sharing the GPUs: each gets one ClusterQueue named after it, with "
+        "its quota per flavor.",
+    )
+    namespaces: list[StaticNamespace] = Field(
+        default_factory=list,
+        description="Namespaces that get their LocalQueue from the kueue/ bundle (written in Git) "
+        "instead of from the Kyverno policy that generates one when a namespace opts "
+        "in.",
+    )
+    kueue: KueueConfig = Field(
+        default_factory=KueueConfig,
+        description="Kueue's manager Configuration, rendered as the ConfigMap that replaces the one "
+        "Kueue ships (kueue/kueue-manager-config.yaml).",
+    )
+    policies: PoliciesConfig = Field(
+        default_factory=PoliciesConfig,
+        description="The Kyverno policies of the policies/ bundle.",
+    )
+    controller: ControllerConfig = Field(
+        default_factory=ControllerConfig,
+        description="Everything `ghostgpu controller` needs; rendered into "
+        "controller/configmap.yaml, which the controller reads.",
+    )
 
     # Convenience lookups used by render and the controller.
     def flavor(self, name: str) -> Flavor:

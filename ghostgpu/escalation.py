@@ -1,4 +1,4 @@
-"""Escalation to a person: the Alertmanager-compatible webhook POST (DESIGN §4).
+"""Escalation to a person: the Alertmanager-compatible webhook POST (docs/design.md#action).
 
 The controller escalates every action the risk gate did not clear with an Event, the annotation
 `ghostgpu.io/escalated` (value: `annotation_value()`) and, when `escalation.webhook_url` is set, a

@@ -39,6 +39,9 @@ AGENT_NAMESPACE = "ghostgpu-agent"
 AGENT_NAME = "ghostgpu-agent"
 AGENT_CONFIG_KEY = "ghostgpu.yaml"
 AGENT_PORT = 9402
+# The agent's uid and gid: its own, not the controller's 65532 (the image's nonroot user). With
+# hostPID the kernel lets a process read the environ and root of every process of its own uid.
+AGENT_UID = 65533
 NAMESPACED_ROLE = "ghostgpu-controller-namespaced"
 PART_OF = {"app.kubernetes.io/part-of": "ghostgpu"}
 
@@ -251,8 +254,9 @@ def _manager_rules(table: ActuatorTable) -> list[dict[str, Any]]:
 
 
 def _tracking_condition(table: ActuatorTable, dra: bool = False) -> str:
-    """True when the object should carry ghostgpu.io/tracked=true (DESIGN §3): a GPU Deployment,
-    StatefulSet or bare Pod, or a GPU object of a manager kind (RayCluster, Notebook, ...).
+    """True when the object should carry ghostgpu.io/tracked=true
+    (docs/design.md#labelling-contract): a GPU Deployment, StatefulSet or bare Pod, or a GPU object
+    of a manager kind (RayCluster, Notebook, ...).
 
     With DRA device classes a Deployment, StatefulSet, bare Pod or manager-kind object whose pods
     claim a GPU through a ResourceClaimTemplate counts too. Those tests look templates up, so they
@@ -662,6 +666,7 @@ def _agent_context(cfg: c.GhostgpuConfig) -> dict[str, Any]:
         # not on every quota change.
         "agent_config_hash": hashlib.sha256(read_by_agent.encode()).hexdigest()[:16],
         "agent_port": AGENT_PORT,
+        "agent_uid": AGENT_UID,
         "agent_node_terms": _agent_node_terms(cfg),
         "agent_tolerations": _agent_tolerations(cfg),
     }
@@ -737,6 +742,7 @@ def _controller_context(cfg: c.GhostgpuConfig) -> dict[str, Any]:
         "actuator_rules": table.rbac_rules(),
         "reservation": ctrl.reservation,
         "service_monitor": ctrl.service_monitor.enabled,
+        "prometheus_namespace": ctrl.prometheus_namespace,
         "service_monitor_interval": str(ctrl.service_monitor.interval),
         "service_monitor_labels": {**labels, **ctrl.service_monitor.labels},
         "rule_labels": {**labels, **a.rule_labels},
@@ -774,6 +780,7 @@ _BUNDLE_FILES: dict[str, list[str]] = {
         "prometheusrule.yaml",
         "grafana-dashboard.yaml",
         "agent.yaml",
+        "networkpolicy.yaml",
     ],
 }
 
@@ -794,6 +801,8 @@ def _wanted(bundle: str, filename: str, cfg: c.GhostgpuConfig) -> bool:
         return cfg.controller.grafana_dashboard.enabled
     if bundle == "controller" and filename == "agent.yaml":
         return cfg.controller.process_source == "agent"
+    if bundle == "controller" and filename == "networkpolicy.yaml":
+        return cfg.controller.network_policy.enabled
     return True
 
 

@@ -1,6 +1,6 @@
 """Find the Jinja2 templates and the embedded example config.
 
-They live at the repository top level (templates/, examples/ghostgpu.yaml; DESIGN §2). A wheel
+They live at the repository top level (templates/, examples/ghostgpu.yaml; docs/design.md#layout). A wheel
 carries copies inside the package (ghostgpu/_data/, added by setup.py's build_py); an editable
 install or a source checkout reads the top-level originals. The package copy wins when present.
 """

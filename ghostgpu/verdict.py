@@ -1,4 +1,4 @@
-"""The idleness verdict: one pure, deterministic function of the evidence (DESIGN §4).
+"""The idleness verdict: one pure, deterministic function of the evidence (docs/design.md#verdict).
 
 No I/O, no clock, no Kubernetes. The controller's signal sources build an `Evidence`, the
 benchmark's simulator builds the same `Evidence` from synthetic traces, and both call `decide()`:

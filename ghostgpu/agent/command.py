@@ -1,6 +1,8 @@
-"""`ghostgpu agent`: the node agent's loop. Watches its node's pods (field selector
-spec.nodeName), scans the proc root every interval, serves the series on /metrics (with /healthz
-and /readyz) from the event loop. No state on disk: a restart lists the pods and scans again."""
+"""`ghostgpu agent`: the node agent's loop. Watches its node's pods that can run (field selector
+spec.nodeName and not Succeeded/Failed, kept slim: `agent_pod`), scans the proc root every
+interval, serves the series on /metrics (with /healthz and /readyz) from the event loop. No state
+on disk: a restart lists the pods and scans again. A scan that raises ends the process (exit 1):
+the kubelet restarts it, and meanwhile its series are missing (UNKNOWN), never stale."""
 
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ from typing import Any
 from ghostgpu import __version__
 from ghostgpu.agent import procfs
 from ghostgpu.agent.exporter import AgentExporter
-from ghostgpu.agent.scan import ScanResult, scan_node
+from ghostgpu.agent.scan import ScanResult, agent_pod, scan_node
 from ghostgpu.boundary import BoundaryError
 from ghostgpu.controller.inventory import gpu_predicate
 from ghostgpu.controller.kube import PODS, Reflector
@@ -30,6 +32,10 @@ class AgentArgError(BoundaryError, ValueError):
 
     def __init__(self, what: str, fix: str) -> None:
         super().__init__(f"error: {what}", f"fix: {fix}")
+
+
+class ScanFailed(RuntimeError):
+    """A scan raised: the agent stops serving and exits, rather than serve an old scan."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,7 +80,13 @@ class Agent:
         self.policy = policy
         self.is_gpu = gpu_predicate(gpu_resources)
         self.exporter = AgentExporter(s.node)
-        self.pods = Reflector(api, PODS, field_selector=f"spec.nodeName={s.node}")
+        # Only this node's pods that can still run: a finished pod leaves the watch (DELETED).
+        self.pods = Reflector(
+            api,
+            PODS,
+            field_selector=f"spec.nodeName={s.node},status.phase!=Succeeded,status.phase!=Failed",
+            transform=lambda o: agent_pod(o, s.node, self.is_gpu),
+        )
         self.server = HealthServer(
             self.exporter.registry, healthy=lambda: (True, "ok"), ready=self._ready, host=s.host, port=s.port
         )
@@ -92,7 +104,8 @@ class Agent:
     def scan_once(self) -> ScanResult:
         now = time.time()
         t0 = time.perf_counter()
-        result = scan_node(list(self.pods.store.values()), self.s.proc, self.policy, self.is_gpu, now=now)
+        pods = [p for p in self.pods.store.values() if p is not None]
+        result = scan_node(pods, self.s.proc, self.policy, self.is_gpu, now=now)
         result = ScanResult(
             result.timestamp, result.containers, result.scanned_pids, time.perf_counter() - t0
         )
@@ -109,7 +122,11 @@ class Agent:
             while max_scans is None or self.scans < max_scans:
                 started = time.monotonic()
                 # Off the loop: the watch and /metrics keep being served while /proc is read.
-                result = await asyncio.to_thread(self.scan_once)
+                try:
+                    result = await asyncio.to_thread(self.scan_once)
+                except Exception as exc:
+                    log.exception("scan failed", extra={"node": self.s.node})
+                    raise ScanFailed(f"{type(exc).__name__}: {exc}") from exc
                 log.info(
                     "scan",
                     extra={
@@ -157,5 +174,9 @@ def run_agent_command(
         known = [f.resource for f in loaded.flavors or [] if f.device_class is None]
         await Agent(api, s, loaded.controller.processes.policy(), known).run()
 
-    asyncio.run(main())
+    try:
+        asyncio.run(main())
+    except ScanFailed as exc:
+        echo(f"error: scan failed: {exc}", err=True)
+        return 1
     return 0

@@ -12,10 +12,17 @@ containers). Per container:
   at all is `no-cgroup-match` (the agent cannot see it: a private cgroup namespace, another
   layout, a proc root that is not the host's);
 - in a pod with `shareProcessNamespace`: every process of the pod's pid namespace (the sandbox's
-  pause as pid 1, every container's), as `ps` in any of its containers lists them;
+  pause as pid 1, every container's), as `ps` in any of its containers lists them. Which pod
+  cgroup that is comes from the container's own processes (the kubelet names it after the pod's
+  UID, a static pod's after its config hash), never from the pod's annotations, which its author
+  writes;
 - not running (waiting, terminated, no ID yet): `not-running`;
-- a proc root that could not be read whole: every container `proc-unreadable` (a process that
-  could not be placed may be any container's, so no container's count is known to be complete).
+- one of its processes there but unreadable: `proc-unreadable`; more than procfs.MAX_PROCESSES
+  processes: `too-many-processes`. Only that container (with a shared pid namespace, the pod's
+  containers) is unseen, never the others;
+- a proc root that could not be listed, or a process whose cgroup could not be read: every
+  container `proc-unreadable` (a process that cannot be placed may be any container's, so no
+  container's count is known to be complete).
 
 The rows are counted with the configured ProcessPolicy (`count_roles`), exactly as the exec
 source's rows are: same classifier, same shared-namespace rule (pause as pid 1 of the scope).
@@ -33,14 +40,11 @@ from typing import Any, NamedTuple
 from ghostgpu.agent import procfs
 from ghostgpu.verdict import ProcessCounts, ProcessInfo, ProcessPolicy, count_roles
 
-# A mirror pod's UID is not the one its cgroup carries: the kubelet names the static pod's cgroup
-# after its config hash, which it writes into this annotation.
-CONFIG_HASH = "kubernetes.io/config.hash"
-
 
 class Unseen(StrEnum):
     NO_CGROUP_MATCH = "no-cgroup-match"
-    PROC_UNREADABLE = "proc-unreadable"
+    PROC_UNREADABLE = procfs.Incomplete.PROC_UNREADABLE.value
+    TOO_MANY_PROCESSES = procfs.Incomplete.TOO_MANY_PROCESSES.value
     NOT_RUNNING = "not-running"
 
 
@@ -55,7 +59,6 @@ class ContainerKey(NamedTuple):
 class Target:
     key: ContainerKey
     container_id: str | None  # None: not running
-    cgroup_uid: str  # the UID the pod's cgroup is named after
     shares_pids: bool
 
 
@@ -93,7 +96,6 @@ def targets_of(pod: Mapping[str, Any], is_gpu: Callable[[str], bool]) -> list[Ta
         gpu = [str(containers[0].get("name", ""))]
     statuses = {str(s.get("name", "")): s for s in status.get("containerStatuses") or []}
     uid = str(meta.get("uid", ""))
-    cgroup_uid = str((meta.get("annotations") or {}).get(CONFIG_HASH) or uid)
     out = []
     for name in gpu:
         st = statuses.get(name) or {}
@@ -103,11 +105,51 @@ def targets_of(pod: Mapping[str, Any], is_gpu: Callable[[str], bool]) -> list[Ta
             Target(
                 key=ContainerKey(str(meta.get("namespace", "")), str(meta.get("name", "")), uid, name),
                 container_id=cid.split("://", 1)[1] if running else None,
-                cgroup_uid=cgroup_uid,
                 shares_pids=bool(spec.get("shareProcessNamespace")),
             )
         )
     return out
+
+
+def _slim_container(c: Mapping[str, Any]) -> dict[str, Any]:
+    res = c.get("resources") or {}
+    kept = {k: dict.fromkeys(res.get(k) or {}, "") for k in ("limits", "requests")}  # names: no values
+    return {"name": c.get("name", ""), "resources": {**kept, "claims": [{} for _ in res.get("claims") or []]}}
+
+
+def agent_pod(obj: Mapping[str, Any], node: str, is_gpu: Callable[[str], bool]) -> dict[str, Any] | None:
+    """What the agent's pod store keeps of a pod: the fields targets_of reads, or None for a pod
+    it never reports on (another node's, one that finished, one that asks for no GPU). The watch
+    already selects the node's unfinished pods; this keeps the store right whatever it is sent."""
+    meta, spec, status = obj.get("metadata") or {}, obj.get("spec") or {}, obj.get("status") or {}
+    if spec.get("nodeName") != node or status.get("phase") in ("Succeeded", "Failed"):
+        return None
+    containers = [_slim_container(c) for c in spec.get("containers") or []]
+    inits = [_slim_container(c) for c in spec.get("initContainers") or []]
+    if not any(_requests_gpu(c, is_gpu) for c in (*containers, *inits)):
+        return None
+    return {
+        "metadata": {
+            k: meta[k] for k in ("namespace", "name", "uid", "deletionTimestamp") if meta.get(k) is not None
+        },
+        "spec": {
+            "nodeName": node,
+            "containers": containers,
+            "initContainers": inits,
+            "shareProcessNamespace": bool(spec.get("shareProcessNamespace")),
+        },
+        "status": {
+            "phase": status.get("phase"),
+            "containerStatuses": [
+                {
+                    "name": st.get("name", ""),
+                    "containerID": st.get("containerID") or "",
+                    "state": {k: {} for k in st.get("state") or {}},  # which, not its details
+                }
+                for st in status.get("containerStatuses") or []
+            ],
+        },
+    }
 
 
 def scan_node(
@@ -121,27 +163,41 @@ def scan_node(
     """The node's GPU containers and their process counts, from one pass over `proc`."""
     targets = [t for pod in pods for t in targets_of(pod, is_gpu)]
     ids = {t.container_id for t in targets if t.container_id}
-    shared_uids = {t.cgroup_uid for t in targets if t.shares_pids and t.container_id}
+    shared = {t.container_id for t in targets if t.shares_pids and t.container_id}
     try:
-        found = procfs.scan(proc, lambda ref: ref.container_id in ids or ref.pod_uid in shared_uids)
+        found = procfs.scan(proc, lambda ref: ref.container_id in ids, whole_pods_of=shared)
     except procfs.ProcUnreadable:
         return ScanResult(now, {t.key: Unseen.PROC_UNREADABLE for t in targets}, 0)
     by_container: dict[str, list[procfs.HostProcess]] = defaultdict(list)
     by_pod: dict[str, list[procfs.HostProcess]] = defaultdict(list)
     for p in found.processes.values():
         by_container[p.container.container_id].append(p)
-        if p.container.pod_uid in shared_uids:
-            by_pod[p.container.pod_uid].append(p)
-    out: dict[ContainerKey, Seen | Unseen] = {}
-    for t in targets:
+        by_pod[p.container.pod_uid].append(p)
+    failed_container = {ref.container_id: why for ref, why in found.failed.items()}
+    failed_pod = {ref.pod_uid: why for ref, why in found.failed.items()}
+
+    def outcome(t: Target) -> Seen | Unseen:
         if t.container_id is None:
-            out[t.key] = Unseen.NOT_RUNNING
-        elif found.unreadable:
-            out[t.key] = Unseen.PROC_UNREADABLE
-        elif not by_container.get(t.container_id):
-            out[t.key] = Unseen.NO_CGROUP_MATCH
-        else:
-            group = by_pod[t.cgroup_uid] if t.shares_pids else by_container[t.container_id]
-            rows = procfs.rows(group, f"{t.key.pod}/{t.key.container}")
-            out[t.key] = Seen(count_roles(rows, policy), rows)
+            return Unseen.NOT_RUNNING
+        if found.unplaced:
+            return Unseen.PROC_UNREADABLE
+        if t.container_id in failed_container:
+            return Unseen(failed_container[t.container_id].value)
+        own = by_container.get(t.container_id)
+        if not own:
+            return Unseen.NO_CGROUP_MATCH
+        group = own
+        if t.shares_pids:
+            # The pod cgroup the container's own processes are in: one, a container ID is unique.
+            pod_uids = {p.container.pod_uid for p in own}
+            if len(pod_uids) != 1:
+                return Unseen.PROC_UNREADABLE
+            pod_uid = pod_uids.pop()
+            if pod_uid in failed_pod:
+                return Unseen(failed_pod[pod_uid].value)
+            group = by_pod[pod_uid]
+        rows = procfs.rows(group, f"{t.key.pod}/{t.key.container}")
+        return Seen(count_roles(rows, policy), rows)
+
+    out = {t.key: outcome(t) for t in targets}
     return ScanResult(now, out, found.scanned)

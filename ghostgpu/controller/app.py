@@ -25,10 +25,11 @@ from ghostgpu.controller.act.gitops import ApiReader, GitOpsPreflight
 from ghostgpu.controller.books.accounting import FlavorSpec, node_labels_for_books
 from ghostgpu.controller.books.decisions import DecisionLog
 from ghostgpu.controller.books.leader_decisions import LeaderDecisions
-from ghostgpu.controller.books.placeholders import ReservationMetrics, Reservations, reserve
-from ghostgpu.controller.budget import BudgetedApi, BudgetedExec, BudgetMetrics, RequestBudget
+from ghostgpu.controller.books.placeholders import Reservations, reserve
+from ghostgpu.controller.budget import BudgetedApi, BudgetedExec, RequestBudget
 from ghostgpu.controller.claims import DraCounter, claim_view
 from ghostgpu.controller.deviceclass import class_view
+from ghostgpu.controller.exported import exported_metrics
 from ghostgpu.controller.inventory import (
     GpuPredicate,
     OwnerRef,
@@ -53,7 +54,6 @@ from ghostgpu.controller.kube import (
 from ghostgpu.controller.leader import LeaderElector
 from ghostgpu.controller.ledger import ReplicaLedger
 from ghostgpu.controller.managers import ManagerInformers
-from ghostgpu.controller.metrics import ControllerMetrics
 from ghostgpu.controller.reconciler import PollResult, Reconciler, Snapshot, accounting_from, untracked_of
 from ghostgpu.controller.replica import advertised_address, lease_namespace_of
 from ghostgpu.controller.server import HealthServer
@@ -320,14 +320,15 @@ async def run_controller(
     cfg = loaded.controller
     identity = identity or os.environ.get("POD_NAME") or f"{socket.gethostname()}-{os.getpid()}"
     api = await _kube_api(kubeconfig)
-    metrics = ControllerMetrics()
+    exported = exported_metrics()
+    metrics = exported.controller
     # One budget for every write (through Cluster) and every exec (budget.py); the watches and
     # the leader election use `api` itself.
     budget = RequestBudget(
         cfg.apiserver.qps,
         cfg.apiserver.burst,
         jitter_s=ARRIVAL_JITTER_S,
-        metrics=BudgetMetrics(metrics.registry),
+        metrics=exported.budget,
     )
     cluster = Cluster(BudgetedApi(api, budget), instance=identity)
     dra_flavors = dra_flavor_specs(cfg)
@@ -373,7 +374,7 @@ async def run_controller(
     reservations = Reservations(
         api, mode=cfg.reservation, local_queue=cfg.reservation_queue, emit_event=cluster.event
     )
-    reservation_metrics = ReservationMetrics(metrics.registry)
+    reservation_metrics = exported.reservation
     interval = cfg.poll_interval.seconds
     started = time.time()
 

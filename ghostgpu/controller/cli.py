@@ -48,7 +48,9 @@ def controller(
         help="Override controller.kueueNudge: annotate Nodes freed by a reclaim so Kueue's TAS "
         "retries pending work (needs patch on nodes).",
     ),
-    log_level: str = typer.Option("INFO", "--log-level"),
+    log_level: str = typer.Option(
+        "INFO", "--log-level", help="Lowest level logged (JSON lines on stderr): DEBUG, INFO, WARNING, ERROR."
+    ),
 ) -> None:
     """Run the reclaim controller (shadow mode unless the config says enforce)."""
     from ghostgpu.boundary import Override, input_error, validated_overrides
@@ -268,7 +270,7 @@ LedgerConfigOpt = typer.Option(
 
 def restore(
     target: str = typer.Argument(..., help="KIND/NAME, e.g. deployment/notebook-7 or raycluster/ray-1"),
-    namespace: str = typer.Option(..., "--namespace", "-n"),
+    namespace: str = typer.Option(..., "--namespace", "-n", help="Namespace of the object to restore."),
     kubeconfig: str | None = KubeconfigOpt,
     config: Path | None = LedgerConfigOpt,
 ) -> None:

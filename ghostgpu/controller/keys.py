@@ -1,4 +1,4 @@
-"""The `ghostgpu.io/` labelling contract (DESIGN §3) as the controller uses it."""
+"""The `ghostgpu.io/` labelling contract (docs/design.md#labelling-contract) as the controller uses it."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from ghostgpu.config import OPT_IN_LABEL, OPT_IN_VALUE, TEAM_LABEL, TRACKED_LABE
 __all__ = ["OPT_IN_LABEL", "OPT_IN_VALUE", "TEAM_LABEL", "TRACKED_LABEL"]
 
 RECLAIM_POLICY = "ghostgpu.io/reclaim-policy"  # "never": never act
-GPU_EVICTION_POLICY = "gpu-eviction-policy"  # honoured the same way (DESIGN §3)
+GPU_EVICTION_POLICY = "gpu-eviction-policy"  # honoured the same way (docs/design.md#labelling-contract)
 ARTIFACTS = "ghostgpu.io/artifacts"
 VERDICT = "ghostgpu.io/verdict"
 EVIDENCE = "ghostgpu.io/evidence"

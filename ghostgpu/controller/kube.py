@@ -66,9 +66,9 @@ class WouldMutate(AdmissionDenied):
     """The server-side dry-run of a metadata write showed the admission chain changing Kueue's
     fields (`kueue.x-k8s.io/*` labels or annotations, the pod template): Kueue's Deployment and
     StatefulSet webhooks (v0.17 to v0.19) default `queue-name` on every UPDATE and accept it while the
-    workload has 0 ready replicas, which would roll it into Kueue (DESIGN §3: ghostgpu never adds
-    queue-name to a live object). Nothing was written; callers fall back exactly as for a refusal
-    (it is an AdmissionDenied)."""
+    workload has 0 ready replicas, which would roll it into Kueue (docs/design.md#labelling-contract:
+    ghostgpu never adds queue-name to a live object). Nothing was written; callers fall back exactly
+    as for a refusal (it is an AdmissionDenied)."""
 
 
 KUEUE_PREFIX = "kueue.x-k8s.io/"

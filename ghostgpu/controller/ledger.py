@@ -4,8 +4,9 @@ Why: once a namespace has a Kueue LocalQueue named `default`, Kueue's Deployment
 webhooks default `kueue.x-k8s.io/queue-name` on every UPDATE and then reject their own change as
 immutable while the workload has ready replicas (v0.17 to v0.19, pkg/controller/jobs/{deployment,
 statefulset}); so no metadata write to a pre-existing, running workload succeeds, while the
-`scale` subresource still does. The annotation stays the primary record (DESIGN §3); when it is
-refused, the count goes here first and the workload is scaled only once the entry is stored.
+`scale` subresource still does. The annotation stays the primary record
+(docs/design.md#labelling-contract); when it is refused, the count goes here first and the
+workload is scaled only once the entry is stored.
 
 One ConfigMap (`ghostgpu-replica-ledger`) in the controller's namespace, one key per workload,
 `<namespace>.<kind>.<name>` (a namespace cannot contain a dot, so the key is unambiguous), value

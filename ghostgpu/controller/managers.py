@@ -1,4 +1,5 @@
-"""Managers: every GPU pod's workload is the top of its controller chain (DESIGN §4a).
+"""Managers: every GPU pod's workload is the top of its controller chain
+(docs/design.md#managers-and-actuators).
 
 Pod -> ReplicaSet -> Deployment -> InferenceService/NIMService/LLMInferenceService, Pod ->
 StatefulSet -> Notebook/Workspace/LeaderWorkerSet, Pod -> RayCluster -> RayJob/RayService, Pod ->

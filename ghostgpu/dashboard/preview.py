@@ -133,6 +133,9 @@ def draw(preview: Preview, path: Path, title: str = "ghostgpu controller dashboa
                 continue
             _draw_panel(ax, panel)
             ax.set_xlim(t0, t1)
+            # A half-width panel fits about 6 HH:MM:SS labels before they run into each other.
+            ticks = 10 if panel.full_width else 6
+            ax.xaxis.set_major_locator(mdates.AutoDateLocator(minticks=3, maxticks=ticks))
             ax.xaxis.set_major_formatter(mdates.DateFormatter("%H:%M:%S"))
     span = preview.end - preview.start
     length = f"{span / 60:.0f} min" if span >= 120 else f"{span:.0f} s"

@@ -1,12 +1,13 @@
 """The scale fleet on the local control plane: kwok GPU nodes, opted-in namespaces, and N bare GPU
 pods labelled `ghostgpu.io/tracked=true`, created fast with bounded concurrency.
 
-Why bare Pods: a bare Pod is its own workload (DESIGN §3), so N tracked pods are N workloads and N
-API objects. N Deployments would add N ReplicaSets and the controller-manager's churn to the set-up
-without changing what a poll reads: the controller's poll path (watch caches -> one PromQL query ->
-exec for idle candidates -> verdicts) is the same for every kind; only the reclaim action differs,
-and the bench runs in shadow mode. Pods are bound to their node at creation (`spec.nodeName`), so
-10,000 pods do not wait for the scheduler, which is not what is measured.
+Why bare Pods: a bare Pod is its own workload (docs/design.md#labelling-contract), so N tracked
+pods are N workloads and N API objects. N Deployments would add N ReplicaSets and the
+controller-manager's churn to the set-up without changing what a poll reads: the controller's poll
+path (watch caches -> one PromQL query -> exec for idle candidates -> verdicts) is the same for
+every kind; only the reclaim action differs, and the bench runs in shadow mode. Pods are bound to
+their node at creation (`spec.nodeName`), so 10,000 pods do not wait for the scheduler, which is
+not what is measured.
 
 Which pods are idle is deterministic: pod i is idle iff i % stride == 0 (stride = 1 / idle
 fraction), so growing the fleet from 100 to 10,000 keeps the first pods' truth.

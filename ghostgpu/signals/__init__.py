@@ -1,4 +1,4 @@
-"""Signal sources (DESIGN §4): each does I/O and returns the typed observations of
+"""Signal sources (docs/design.md#signals): each does I/O and returns the typed observations of
 `ghostgpu.verdict` — a value or an explicit `SignalFailure`, never a silent zero. They never decide.
 
 - `prometheus`: a small async client for the Prometheus HTTP API whose errors are failure reasons.

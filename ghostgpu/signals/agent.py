@@ -13,9 +13,9 @@ workload whose window is all zero, so every pod it asks about is among them, and
 containers cost the answer nothing. `AgentAnswer` collects the series of one answer and
 `AgentProcessSource` (the observe room's `ProcessSource`) hands out each container's counts.
 
-Fail safe (DESIGN §4): a container with no series (agent not running there, Prometheus not scraping
-it), an incomplete set of roles, a scan older than the signal's maximum age, or an unseen report is
-a SignalFailure: the verdict stays UNKNOWN, never reclaims.
+Fail safe (docs/design.md#signals): a container with no series (agent not running there,
+Prometheus not scraping it), an incomplete set of roles, a scan older than the signal's maximum
+age, or an unseen report is a SignalFailure: the verdict stays UNKNOWN, never reclaims.
 """
 
 from __future__ import annotations

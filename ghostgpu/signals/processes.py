@@ -5,7 +5,7 @@ call per poll for every container whose workload's window is all zero. `ExecProc
 implementation over exec; `signals.agent.AgentProcessSource` reads the node agent's per-container
 counts from the poll's one PromQL query.
 
-Safety properties (DESIGN §4): the argv is a module constant (no shell, nothing from the workload
+Safety properties (docs/design.md#signals): the argv is a module constant (no shell, nothing from the workload
 or its annotations ever reaches it), it only reads, the output size and the wall time are bounded,
 and the number of concurrent execs is capped by a semaphore so a poll cannot flood the apiserver.
 """

@@ -7,7 +7,7 @@ The query returns kinds of series told apart by a `ghostgpu_field` label that th
 adds with `label_replace`, so a single HTTP round trip carries:
   util  max utilization over the pod's GPUs, only for a pod whose oldest GPU sample is fresh
   ts    min `timestamp()` of the pod's GPU series, only for a pod whose oldest sample is stale
-  xid   last XID error code per GPU, when non-zero      (fault evidence, DESIGN §4)
+  xid   last XID error code per GPU, when non-zero      (fault evidence, docs/design.md#signals)
   fb    framebuffer used, summed over the pod's GPUs, in bytes, only for a pod at or under the
         zero threshold (GPU memory evidence: the verdict reads it only for an all-zero window)
   proc, prog, scan, unseen

@@ -1,1 +1,1 @@
-"""Synthetic ghost-occupancy fleet and the `ghostgpu bench` benchmark (DESIGN §5)."""
+"""Synthetic ghost-occupancy fleet and the `ghostgpu bench` benchmark (docs/design.md#benchmark)."""

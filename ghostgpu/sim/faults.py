@@ -2,8 +2,9 @@
 
 `inject_faults` turns readings into explicit `SignalFailure`s at a given rate (a dropped sample, a
 stale series, a failed exec of the process listing, an unreadable bucket), the way ghostgpu's signal
-sources report them. `read_silently` shows the alternative DESIGN §4 forbids: a naive pipeline that
-reads a failure as zero / empty / no growth. Comparing the two is the point of `--fault-rate`.
+sources report them. `read_silently` shows the alternative docs/design.md#signals forbids: a
+naive pipeline that reads a failure as zero / empty / no growth. Comparing the two is the point of
+`--fault-rate`.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""The fleet model of the published ghost-occupancy benchmark (DESIGN §5), as explicit parameters.
+"""The fleet model of the published ghost-occupancy benchmark (docs/design.md#benchmark), as
+explicit parameters.
 
 Every number the publication states is a field default here; the ones it leaves open (reading
 values, how often artifacts are declared, what crash evidence looks like) are chosen so that they

@@ -1,10 +1,10 @@
 """A documented extension beside the published fleet: periodic GPU jobs.
 
-The published model (DESIGN §5) has no job that sleeps between runs. Real clusters do: an hourly
-`while true; do python job.py; sleep 3600; done`, a cron daemon that starts a GPU job every night.
-Between runs such a job shows zero utilization, no GPU memory, no output growth, and only a shell
-and a finite `sleep` (or the cron daemon): the exact shape of a finished job kept alive, except that
-the wait ends. Its ground truth is ACTIVE, so reclaiming it is a false reclaim.
+The published model (docs/design.md#benchmark) has no job that sleeps between runs. Real clusters
+do: an hourly `while true; do python job.py; sleep 3600; done`, a cron daemon that starts a GPU
+job every night. Between runs such a job shows zero utilization, no GPU memory, no output growth,
+and only a shell and a finite `sleep` (or the cron daemon): the exact shape of a finished job kept
+alive, except that the wait ends. Its ground truth is ACTIVE, so reclaiming it is a false reclaim.
 
 These jobs come from their own random stream (`periodic_rng`) and are judged in a second table:
 the published fleet and its table are the same draw for draw with or without them.

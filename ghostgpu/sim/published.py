@@ -1,4 +1,4 @@
-"""The published figures of the reference benchmark (DESIGN §5), to print beside ours."""
+"""The published figures of the reference benchmark (docs/design.md#benchmark), to print beside ours."""
 
 from __future__ import annotations
 

@@ -2,7 +2,11 @@
 real Prometheus, scraping real `ghostgpu controller` processes (registered as file_sd targets):
 first a shadow controller, then an enforce one with the default risk gate, over test_controller's
 fleet, with the rendered bundles applied (Kueue's ClusterQueues give the accounting gap its
-nominal quota). Each query must return series; the one exception is the reverts query, whose
+nominal quota). The devcluster's h100 nodes (two kwok nodes and the real node) hold more GPUs than
+the example's teams have as quota, so the run adds a ClusterQueue with the rest, as in a cluster
+whose quota is its capacity: Kueue then believes every h100 GPU free that no Kueue workload holds,
+and the h100 gap is what the fleet holds outside Kueue; it narrows when the ghosts are reclaimed.
+Each query must return series; the one exception is the reverts query, whose
 metric (ghostgpu_reclaim_reverts_total) the controller does not export yet.
 
 The PNG preview is drawn from the same run through `ghostgpu dashboard preview`. With
@@ -21,14 +25,50 @@ from pathlib import Path
 
 import pytest
 import yaml
-from test_controller import LEASE_NS, REPO, Controller, Scenario, controller_config, wait_for
+from kubernetes import client
+from test_controller import H100, LEASE_NS, REPO, Controller, Scenario, controller_config, wait_for
 
 from ghostgpu.dashboard.preview import Preview
 from ghostgpu.devcluster import DevCluster, FakeDcgmClient, ProcessTables
+from ghostgpu.quantity import Quantity
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(600)]
 
 PREVIEW = os.environ.get("GHOSTGPU_DASHBOARD_PREVIEW")
+GPU = "nvidia.com/gpu"
+REST_QUEUE = "dashboard-h100-rest"
+CQ = "kueue.x-k8s.io/v1beta2"
+
+
+def _h100_rest(devcluster: DevCluster) -> int:
+    """The h100 GPUs the nodes have beyond every ClusterQueue's h100 nominal quota."""
+    core = client.CoreV1Api(devcluster.kube.api_client)
+    selector = ",".join(f"{k}={v}" for k, v in H100.items())
+    nodes = core.list_node(label_selector=selector).items
+    capacity = sum(int(Quantity(str((n.status.allocatable or {}).get(GPU, "0"))).value) for n in nodes)
+    quota = 0.0
+    for cq in devcluster.kube.resource(CQ, "ClusterQueue").get().to_dict()["items"]:
+        for group in cq["spec"].get("resourceGroups") or []:
+            for flavor in group.get("flavors") or []:
+                if flavor["name"] != "h100":
+                    continue
+                for r in flavor["resources"]:
+                    if r["name"] == GPU:
+                        quota += float(Quantity(str(r["nominalQuota"])).value)
+    return max(0, capacity - int(quota))
+
+
+def _rest_queue(gpus: int) -> dict:
+    flavors = [{"name": "h100", "resources": [{"name": GPU, "nominalQuota": str(gpus)}]}]
+    return {
+        "apiVersion": CQ,
+        "kind": "ClusterQueue",
+        "metadata": {"name": REST_QUEUE},
+        "spec": {
+            "namespaceSelector": {},
+            "resourceGroups": [{"coveredResources": [GPU], "flavors": flavors}],
+        },
+    }
 
 
 def _start(devcluster: DevCluster, config: Path, tmp_path: Path, name: str) -> Controller:
@@ -64,6 +104,9 @@ def test_every_panel_query_returns_series(
     devcluster.kube.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": LEASE_NS}})
     ns = make_namespace({}, prefix="dash")
     sc = Scenario(devcluster, ns, process_tables, dcgm)
+    rest = _h100_rest(devcluster)
+    if rest:
+        devcluster.kube.apply(_rest_queue(rest))
     start = time.time()
     sc.create()
     controllers: list[Controller] = []
@@ -101,6 +144,8 @@ def test_every_panel_query_returns_series(
             _stop(devcluster, c)
         for name in sc.pods.values():
             process_tables.clear(ns, name)
+        if rest:
+            devcluster.kube.delete(CQ, "ClusterQueue", REST_QUEUE)
     end = time.time()
 
     out = Path(PREVIEW) if PREVIEW else tmp_path / "dashboard.png"
@@ -132,3 +177,9 @@ def test_every_panel_query_returns_series(
     assert set(flavors) == {"h100 Kueue believes free", "mig-1g-10gb Kueue believes free"}, flavors
     assert flavors["h100 Kueue believes free"] > 0, flavors
     assert max(_last(preview, "Poll duration", "p95").values()) > 0
+    # Quota is the h100 capacity, so the gap is what is held outside Kueue, and the reclaims close
+    # part of it: the ghosts' GPUs (1 each) come free, the live and escalated workloads keep theirs.
+    [gap] = [s for p in preview.panels if p.title.startswith("Accounting gap") for q in p.queries
+             if q.legend == "{{flavor}} gap" for s in q.series if s.name == "h100 gap"]  # fmt: skip
+    widest, last = max(v for _, v in gap.points), gap.points[-1][1]
+    assert widest >= len(Scenario.FLEET) and last < widest, (widest, last)

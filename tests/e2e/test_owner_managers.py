@@ -1,4 +1,5 @@
-"""End to end: reclaims act on the workload's manager, through its own stop API (DESIGN §4a).
+"""End to end: reclaims act on the workload's manager, through its own stop API
+(docs/design.md#managers-and-actuators).
 
 - KubeRay (real: ray-operator v1.5.0 and its CRD, built by `hack/testbin kuberay`): a RayCluster
   with a GPU worker group on kwok nodes is labelled by the tracking policy, judged as ONE workload

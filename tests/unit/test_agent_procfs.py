@@ -161,7 +161,7 @@ def test_only_the_containers_asked_for_are_read(fake: FakeProc) -> None:
     got = procfs.scan(fake.root, lambda ref: ref.container_id == OTHER)
     assert sorted(got.processes) == [502]
     assert got.processes[502].container == ContainerRef(UID, OTHER)
-    assert (got.scanned, got.unreadable) == (3, 0)
+    assert (got.scanned, got.unplaced, got.failed) == (3, 0, {})
 
 
 def test_a_process_that_vanishes_mid_read_is_skipped(fake: FakeProc) -> None:
@@ -173,18 +173,27 @@ def test_a_process_that_vanishes_mid_read_is_skipped(fake: FakeProc) -> None:
         f.unlink()
     got = procfs.scan(fake.root)
     assert sorted(got.processes) == [501]
-    assert got.unreadable == 0
+    assert (got.unplaced, got.failed) == (0, {})
 
 
 def test_a_file_that_is_there_but_unreadable_is_counted(fake: FakeProc) -> None:
     fake.add(501, ppid=9, nspid=(501, 1), argv=["a"])
-    fake.add(502, ppid=9, nspid=(502, 1), argv=["a"])
+    fake.add(502, ppid=9, nspid=(502, 1), argv=["a"], cgroup=f"0::/kubepods/pod{UID}/{OTHER}")
     (fake.root / "502" / "stat").write_text("garbage")
     (fake.root / "503").mkdir()
     (fake.root / "503" / "cgroup").mkdir()  # reading it fails (EISDIR), not because it is gone
     got = procfs.scan(fake.root)
     assert sorted(got.processes) == [501]
-    assert got.unreadable == 2
+    assert got.unplaced == 1  # 503: no cgroup read, it may be any container's
+    assert got.failed == {ContainerRef(UID, OTHER): procfs.Incomplete.PROC_UNREADABLE}  # 502's own
+
+
+def test_a_longer_file_than_the_kernel_writes_fails_its_container(fake: FakeProc) -> None:
+    fake.add(501, ppid=9, nspid=(501, 1), argv=["a"])
+    with (fake.root / "501" / "status").open("a") as f:
+        f.write("Groups:\t" + " ".join(map(str, range(65536))) + "\n")
+    got = procfs.scan(fake.root)
+    assert got.failed == {ContainerRef(UID, CID): procfs.Incomplete.PROC_UNREADABLE}
 
 
 def test_an_unlistable_proc_root_is_an_error(tmp_path: Path) -> None:
@@ -317,3 +326,163 @@ def test_a_zombie_whose_cgroup_v1_reads_root_is_placed_with_its_parent(fake: Fak
         (1, 0, "S", "sh"),
         (2, 1, "Z", "[python3] <defunct>"),
     ]
+
+
+# --- what a tenant's process can do to the scan ------------------------------------------------
+
+
+def test_a_process_named_like_a_status_line_is_read_as_any_other(fake: FakeProc) -> None:
+    # prctl(PR_SET_NAME, "\x1cVmLck:"): the kernel prints the name in `status` unescaped; a split
+    # on every Unicode line boundary (str.splitlines) would read it as a `VmLck:` line of no value.
+    fake.add(501, ppid=9, nspid=(501, 1), argv=["sleep", "1"])
+    fake.add(502, ppid=9, nspid=(502, 1), argv=[], comm="\x1cVmLck:", cgroup=f"0::/kubepods/pod{UID}/{OTHER}")
+    got = procfs.scan(fake.root)
+    assert got.failed == {} and got.unplaced == 0
+    assert sorted(got.processes) == [501, 502]
+    assert got.processes[502].args == "[\x1cVmLck:]" and got.processes[502].stat == "S"
+
+
+def test_a_huge_cmdline_is_read_only_as_far_as_it_is_kept(fake: FakeProc) -> None:
+    import tracemalloc
+
+    fake.add(501, ppid=9, nspid=(501, 1), argv=["python3", "-c", "x" * (6 << 20)])
+    tracemalloc.start()
+    try:
+        got = procfs.scan(fake.root)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert got.processes[501].args == ("python3 -c " + "x" * MAX_ARGS)[:MAX_ARGS]
+    assert peak < 256 << 10, f"{peak / 2**20:.1f} MiB to read a 6 MiB command line"
+
+
+def test_a_container_over_the_process_cap_is_incomplete_and_others_are_not(fake: FakeProc) -> None:
+    for pid in range(501, 506):
+        fake.add(pid, ppid=501, nspid=(pid, pid - 500), argv=["sleep", "1"])
+    fake.add(601, ppid=9, nspid=(601, 1), argv=["train"], cgroup=f"0::/kubepods/pod{UID}/{OTHER}")
+    got = procfs.scan(fake.root, max_per_container=4)
+    assert got.failed == {ContainerRef(UID, CID): procfs.Incomplete.TOO_MANY_PROCESSES}
+    assert [p for p in got.processes.values() if p.container.container_id == OTHER] == [got.processes[601]]
+    assert len([p for p in got.processes.values() if p.container.container_id == CID]) <= 4
+
+
+def test_an_unreadable_process_fails_its_own_container_only(fake: FakeProc) -> None:
+    fake.add(501, ppid=9, nspid=(501, 1), argv=["a"])
+    fake.add(601, ppid=9, nspid=(601, 1), argv=["b"], cgroup=f"0::/kubepods/pod{UID}/{OTHER}")
+    (fake.root / "601" / "status").write_text("Name:\tb\nNSpid:\tnot a number\n")
+    got = procfs.scan(fake.root)
+    assert got.failed == {ContainerRef(UID, OTHER): procfs.Incomplete.PROC_UNREADABLE}
+    assert sorted(got.processes) == [501] and got.unplaced == 0
+
+
+@pytest.mark.parametrize(
+    ("moment", "listed"),
+    [
+        # After the cgroup read that placed it: the new process is read whole, under its own cgroup.
+        ("placed", [(OTHER, "intruder", (501, 4))]),
+        # After its directory was opened: every file comes from that directory, the old process's.
+        ("opened", [(CID, "old", (501, 1))]),
+    ],
+)
+def test_a_pid_reused_mid_read_never_mixes_two_processes(
+    fake: FakeProc, monkeypatch: pytest.MonkeyPatch, moment: str, listed: list[tuple[object, ...]]
+) -> None:
+    # Process 501 of CID exits while it is read, and a process of another container gets pid 501:
+    # its row is one process's or the other's, never the old cgroup with the new command line.
+    fake.add(501, ppid=9, nspid=(501, 1), argv=["old"])
+    real_open = os.open
+    swapped = []
+    trigger = f"{fake.root}/501/cgroup" if moment == "placed" else "cgroup"
+
+    def open_then_reuse(path: str, flags: int, *args: object, **kw: object) -> int:
+        fd = real_open(path, flags, *args, **kw)  # type: ignore[arg-type]
+        if str(path) == trigger and not swapped:
+            swapped.append(True)
+            (fake.root / "501").rename(fake.root / "old-501")
+            fake.add(501, ppid=9, nspid=(501, 4), argv=["intruder"], cgroup=f"0::/kubepods/pod{UID}/{OTHER}")
+        return fd
+
+    monkeypatch.setattr(procfs.os, "open", open_then_reuse)
+    got = procfs.scan(fake.root)
+    monkeypatch.undo()
+    assert swapped
+    assert [(p.container.container_id, p.args, p.nspid) for p in got.processes.values()] == listed
+
+
+AGENT_UID = 65533  # the DaemonSet's runAsUser/runAsGroup (templates/controller/agent.yaml.j2)
+
+
+def _scan_as(uid: int, ref: ContainerRef) -> dict[str, object]:
+    """procfs.scan of the real /proc in a child process running as `uid`:`uid`, with no
+    capabilities and no supplementary groups (as the agent's container runs)."""
+    import json
+
+    r, w = os.pipe()
+    child = os.fork()
+    if child == 0:  # pragma: no cover - the child's result is read from the pipe
+        try:
+            os.close(r)
+            os.setgroups([])
+            os.setresgid(uid, uid, uid)
+            os.setresuid(uid, uid, uid)  # every uid non-zero: the kernel clears the capabilities
+            got = procfs.scan(Path("/proc"), lambda x: x == ref)
+            rows = [[p.pid, p.ppid, p.state, p.command] for p in procfs.rows(got.processes.values(), "p/c")]
+            out = {"rows": rows, "failed": len(got.failed), "unplaced": got.unplaced, "uid": os.geteuid()}
+            os.write(w, json.dumps(out).encode())
+        finally:
+            os._exit(0)
+    os.close(w)
+    with os.fdopen(r, "rb") as f:
+        data = f.read()
+    os.waitpid(child, 0)
+    return dict(json.loads(data))
+
+
+def test_the_agents_own_uid_reads_every_containers_rows_as_root_does(
+    container_cgroup: tuple[Path, ContainerRef],
+) -> None:
+    # Processes of root and of the controller's uid 65532 in a real pid namespace; the agent's
+    # uid, without capabilities, reads the same rows as root: nothing it reads needs privilege.
+    leaf, ref = container_cgroup
+    script = (
+        f"echo 0 > {leaf / 'cgroup.procs'}; sleep 1000 & "
+        "python3 -c 'import ctypes, os, time; ctypes.CDLL(None).mlockall(1); "
+        "os.setresgid(65532, 65532, 65532); os.setresuid(65532, 65532, 65532); time.sleep(1000)' & wait"
+    )
+    ns = subprocess.Popen(["unshare", "--pid", "--fork", "--mount-proc", "sh", "-c", script])
+    try:
+        _wait_for_rows(leaf, 3)
+        as_root = procfs.scan(Path("/proc"), lambda x: x == ref)
+        want = [[p.pid, p.ppid, p.state, p.command] for p in procfs.rows(as_root.processes.values(), "p/c")]
+        assert len(want) == 3 and any("L" in s for _, _, s, _ in want)  # VmLck read from status
+        got = _scan_as(AGENT_UID, ref)
+        assert got == {"rows": want, "failed": 0, "unplaced": 0, "uid": AGENT_UID}
+    finally:
+        ns.kill()
+        ns.wait()
+
+
+def test_only_the_processes_of_a_listed_pod_are_opened(
+    fake: FakeProc, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A whole pod listed (shared pid namespace): its sandbox is read; the node's other processes
+    # cost the one cgroup read that places them, no directory opened.
+    pod = f"0::/kubepods/pod{UID}"
+    other = "0::/kubepods/pod" + "9" * 8 + "-0000-4000-8000-000000000000"
+    fake.add(501, ppid=9, nspid=(501, 1), cgroup=f"{pod}/{'e' * 64}", argv=["/pause"])
+    fake.add(502, ppid=9, nspid=(502, 2), cgroup=f"{pod}/{CID}", argv=["train"])
+    for pid in range(600, 610):
+        fake.add(pid, ppid=9, nspid=(pid, 1), cgroup=f"{other}/{OTHER}", argv=["x"])
+    opened: list[str] = []
+    real_open = os.open
+
+    def counting_open(path: str, flags: int, *args: object, **kw: object) -> int:
+        if flags & os.O_DIRECTORY:
+            opened.append(str(path).rsplit("/", 1)[-1])
+        return real_open(path, flags, *args, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(procfs.os, "open", counting_open)
+    got = procfs.scan(fake.root, lambda ref: ref.container_id == CID, whole_pods_of=[CID])
+    monkeypatch.undo()
+    assert sorted(got.processes) == [501, 502]
+    assert sorted(opened) == ["501", "502"]

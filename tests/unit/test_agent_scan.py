@@ -12,7 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from test_agent_procfs import FakeProc
 
 from ghostgpu.agent.exporter import AgentExporter, exported_programs
-from ghostgpu.agent.scan import CONFIG_HASH, ContainerKey, ScanResult, Seen, Unseen, scan_node
+from ghostgpu.agent.scan import ContainerKey, ScanResult, Seen, Unseen, agent_pod, scan_node, targets_of
 from ghostgpu.controller.inventory import gpu_predicate
 from ghostgpu.verdict import ProcessCounts, ProcessPolicy, count_roles
 
@@ -177,17 +177,82 @@ def test_a_shared_pid_namespace_is_listed_whole_in_each_gpu_container(node: Fake
     assert seen.counts == ProcessCounts(wrapper=1, holder=3)
 
 
-def test_a_static_pods_cgroup_is_named_after_its_config_hash(node: FakeProc) -> None:
+def test_a_static_pods_processes_are_found_from_its_containers_own_cgroup(node: FakeProc) -> None:
+    # The kubelet names a static pod's cgroup after its config hash, not the mirror pod's UID: the
+    # pod cgroup of the container's own processes (the ID in its status) says which pod it is.
     h = "8d6a3c2f1e0b9a7c5d4e3f2a1b0c9d8e"
     node.add(500, ppid=10, nspid=(500, 1), cgroup=f"0::/kubepods/pod{h}/{cid(98)}", comm="pause")
     node.add(501, ppid=10, nspid=(501, 3), cgroup=f"0::/kubepods/pod{h}/{cid(1)}", argv=["train"], state="R")
-    pods = [pod("static", 1, {"a": {"gpu": "nvidia.com/gpu", "id": cid(1)}}, shared=True,
-                annotations={CONFIG_HASH: h})]  # fmt: skip
+    pods = [pod("static", 1, {"a": {"gpu": "nvidia.com/gpu", "id": cid(1)}}, shared=True)]
     seen = scan_node(pods, node.root, POLICY, IS_GPU, now=0).containers[key("static", 1, "a")]
     assert isinstance(seen, Seen) and [r.pid for r in seen.rows] == [1, 3]
 
 
-def test_an_unreadable_process_makes_every_container_unseen(node: FakeProc) -> None:
+def test_an_annotation_a_pod_author_sets_cannot_borrow_another_pods_processes(node: FakeProc) -> None:
+    # Any pod author may write kubernetes.io/config.hash: naming the victim's pod UID there must
+    # not list the victim's processes under the author's shared-namespace pod.
+    node.add(100, ppid=10, nspid=(100, 1), cgroup=cg(1, cid(1)), argv=["python3", "secret-train.py"])
+    node.add(200, ppid=10, nspid=(200, 1), cgroup=cg(2, cid(2)), argv=["sleep", "infinity"])
+    victim = pod("victim", 1, {"a": {"gpu": "nvidia.com/gpu", "id": cid(1)}})
+    forger = pod("forger", 2, {"a": {"gpu": "nvidia.com/gpu", "id": cid(2)}}, shared=True,
+                 annotations={"kubernetes.io/config.hash": uid(1)})  # fmt: skip
+    got = scan_node([victim, forger], node.root, POLICY, IS_GPU, now=0)
+    forged = got.containers[key("forger", 2, "a")]
+    assert isinstance(forged, Seen) and [r.command for r in forged.rows] == ["sleep infinity"]
+
+
+def test_a_process_named_like_a_status_line_blinds_no_container(node: FakeProc) -> None:
+    # prctl(PR_SET_NAME, "\x1cVmLck:") in any pod of the node: every GPU container is still seen.
+    node.add(100, ppid=10, nspid=(100, 1), cgroup=cg(1, cid(1)), argv=["train"])
+    node.add(200, ppid=10, nspid=(200, 1), cgroup=cg(2, cid(2)), argv=[], comm="\x1cVmLck:")
+    pods = [
+        pod("p", 1, {"a": {"gpu": "nvidia.com/gpu", "id": cid(1)}}),
+        pod("renamer", 2, {"a": {"gpu": "nvidia.com/gpu", "id": cid(2)}}),
+    ]
+    got = scan_node(pods, node.root, POLICY, IS_GPU, now=0)
+    assert isinstance(got.containers[key("p", 1, "a")], Seen)
+    renamed = got.containers[key("renamer", 2, "a")]
+    assert isinstance(renamed, Seen) and [r.command for r in renamed.rows] == ["[\x1cVmLck:]"]
+
+
+def test_an_unreadable_process_fails_its_own_container_only(node: FakeProc) -> None:
+    node.add(100, ppid=10, nspid=(100, 1), cgroup=cg(1, cid(1)), argv=["train"])
+    node.add(200, ppid=10, nspid=(200, 1), cgroup=cg(2, cid(2)), argv=["train"])
+    (node.root / "200" / "stat").write_text("garbage")
+    pods = [
+        pod("fine", 1, {"a": {"gpu": "nvidia.com/gpu", "id": cid(1)}}),
+        pod("bad", 2, {"a": {"gpu": "nvidia.com/gpu", "id": cid(2)}}),
+    ]
+    got = scan_node(pods, node.root, POLICY, IS_GPU, now=0)
+    assert isinstance(got.containers[key("fine", 1, "a")], Seen)
+    assert got.containers[key("bad", 2, "a")] == Unseen.PROC_UNREADABLE
+
+
+def test_a_failure_in_a_shared_pods_other_container_fails_the_pods_listing(node: FakeProc) -> None:
+    node.add(100, ppid=10, nspid=(100, 1), cgroup=cg(1, cid(1)), argv=["train"])
+    node.add(101, ppid=10, nspid=(101, 2), cgroup=cg(1, cid(9)), argv=["side"])
+    (node.root / "101" / "stat").write_text("garbage")
+    gpu = {"gpu": "nvidia.com/gpu", "id": cid(1)}
+    pods = [pod("shared", 1, {"a": gpu, "s": {"id": cid(9)}}, shared=True)]
+    got = scan_node(pods, node.root, POLICY, IS_GPU, now=0)
+    assert got.containers[key("shared", 1, "a")] == Unseen.PROC_UNREADABLE
+
+
+def test_a_container_over_the_process_cap_is_unseen(node: FakeProc, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("ghostgpu.agent.procfs.MAX_PROCESSES", 3)
+    for pid in range(100, 105):
+        node.add(pid, ppid=10, nspid=(pid, pid - 99), cgroup=cg(1, cid(1)), argv=["sleep", "1"])
+    node.add(200, ppid=10, nspid=(200, 1), cgroup=cg(2, cid(2)), argv=["train"])
+    pods = [
+        pod("forks", 1, {"a": {"gpu": "nvidia.com/gpu", "id": cid(1)}}),
+        pod("fine", 2, {"a": {"gpu": "nvidia.com/gpu", "id": cid(2)}}),
+    ]
+    got = scan_node(pods, node.root, POLICY, IS_GPU, now=0)
+    assert got.containers[key("forks", 1, "a")] == Unseen.TOO_MANY_PROCESSES
+    assert isinstance(got.containers[key("fine", 2, "a")], Seen)
+
+
+def test_a_process_that_cannot_be_placed_makes_every_container_unseen(node: FakeProc) -> None:
     node.add(100, ppid=10, nspid=(100, 1), cgroup=cg(1, cid(1)), argv=["train"])
     (node.root / "600").mkdir()
     (node.root / "600" / "cgroup").mkdir()  # present, unreadable: it may be this container's
@@ -277,3 +342,47 @@ def test_programs_are_bounded() -> None:
     progs = tuple(sorted(["z" * 100, "a", "b", "c", "d", "e"]))
     assert exported_programs(progs) == ["a", "b", "c", "d"]
     assert exported_programs(("q" * 100,)) == ["q" * 64]
+
+
+# --- the pod store --------------------------------------------------------------------------------
+
+
+def _full(p: dict[str, Any]) -> dict[str, Any]:
+    """A pod as the apiserver sends it: everything the agent does not read, too."""
+    p = {**p, "metadata": {**p["metadata"], "labels": {"app": "x"}, "managedFields": [{"f": "x" * 4000}]}}
+    p["metadata"]["annotations"] = {"kubectl.kubernetes.io/last-applied-configuration": "y" * 20000}
+    p["spec"] = {**p["spec"], "volumes": [{"name": "v", "emptyDir": {}}]}
+    p["spec"]["containers"] = [{**c, "image": "img", "env": [{"name": "SECRET", "value": "s" * 5000}]}
+                               for c in p["spec"]["containers"]]  # fmt: skip
+    p["status"] = {**p["status"], "conditions": [{"type": "Ready", "status": "True"}], "podIP": "10.0.0.1"}
+    return p
+
+
+SHAPES = [
+    pod("mig", 1, {"a": {"gpu": "nvidia.com/mig-1g.10gb", "id": cid(1)}, "side": {"id": cid(2)}}),
+    pod("shared", 2, {"a": {"gpu": "nvidia.com/gpu", "id": cid(3)}}, shared=True),
+    pod("init-only", 3, {"first": {"id": cid(4)}}, init_gpu=True),
+    pod("pending", 4, {"a": {"gpu": "nvidia.com/gpu"}}, phase="Pending"),
+    pod("crashing", 5, {"a": {"gpu": "nvidia.com/gpu", "id": cid(5), "state": "waiting"}}),
+]
+
+
+@pytest.mark.parametrize("p", SHAPES, ids=lambda p: p["metadata"]["name"])
+def test_the_pod_store_keeps_what_the_scan_reads_and_nothing_else(p: dict[str, Any]) -> None:
+    full = _full(p)
+    kept = agent_pod(full, "node-a", IS_GPU)
+    assert kept is not None
+    assert targets_of(kept, IS_GPU) == targets_of(full, IS_GPU)
+    assert len(repr(kept)) < 1200 < len(repr(full))
+    assert "annotations" not in kept["metadata"] and "env" not in repr(kept)
+
+
+def test_the_pod_store_drops_pods_that_cannot_run_here_or_ask_for_no_gpu() -> None:
+    running = pod("p", 1, {"a": {"gpu": "nvidia.com/gpu", "id": cid(1)}})
+    assert agent_pod(running, "node-a", IS_GPU) is not None
+    elsewhere = {**running, "spec": {**running["spec"], "nodeName": "node-b"}}
+    assert agent_pod(elsewhere, "node-a", IS_GPU) is None
+    for phase in ("Succeeded", "Failed"):
+        done = pod("done", 2, {"a": {"gpu": "nvidia.com/gpu"}}, phase=phase)
+        assert agent_pod(done, "node-a", IS_GPU) is None
+    assert agent_pod(pod("cpu", 3, {"a": {"id": cid(3)}}), "node-a", IS_GPU) is None

@@ -591,6 +591,7 @@ NAMESPACED = {
     "ConfigMap",
     "Deployment",
     "DaemonSet",
+    "NetworkPolicy",
     "Service",
     "ServiceMonitor",
     "PrometheusRule",

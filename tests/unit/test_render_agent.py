@@ -109,10 +109,16 @@ POD_FIELDS = [
     ("hostIPC", None, "no shared memory with the host"),
     ("automountServiceAccountToken", True, "it watches its node's pods through the apiserver"),
     ("enableServiceLinks", False, "no Service environment variables: it reads none"),
-    ("securityContext", {"runAsNonRoot": True, "runAsUser": 65532, "runAsGroup": 65532,
+    ("securityContext", {"runAsNonRoot": True, "runAsUser": 65533, "runAsGroup": 65533,
                          "seccompProfile": {"type": "RuntimeDefault"}},
-     "non-root with a fixed uid (the image's nonroot user): /proc's cgroup, status, stat, cmdline are "
-     "mode 0444; seccomp RuntimeDefault: it makes only ordinary file reads and one HTTP listener"),
+     "non-root with a uid and gid of its own, not the controller's 65532: with hostPID, a uid shared "
+     "with any process of the node would pass the kernel's same-uid check for its environ and root; "
+     "/proc's cgroup, status, stat, cmdline are mode 0444 (any uid reads them: "
+     "test_agent_procfs.py reads a real container as this uid); seccomp RuntimeDefault: it makes "
+     "only ordinary file reads and one HTTP listener"),
+    ("priorityClassName", "system-node-critical",
+     "scheduled (and kept) on a full GPU node before any workload: without it a node's containers "
+     "are `missing` (UNKNOWN) until room is made"),
 ]  # fmt: skip
 CONTAINER_FIELDS = [
     ("securityContext", {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
@@ -147,8 +153,8 @@ def test_no_host_path_and_no_other_privilege() -> None:
     # every field of the pod spec is one asserted above or here
     assert set(spec) == {
         "serviceAccountName", "automountServiceAccountToken", "hostPID", "hostNetwork",
-        "enableServiceLinks", "terminationGracePeriodSeconds", "securityContext", "affinity",
-        "tolerations", "containers", "volumes",
+        "enableServiceLinks", "terminationGracePeriodSeconds", "securityContext", "priorityClassName",
+        "affinity", "tolerations", "containers", "volumes",
     }  # fmt: skip
     assert set(container) == {
         "name", "image", "imagePullPolicy", "args", "env", "ports", "resources", "securityContext",
@@ -174,7 +180,7 @@ def test_its_namespace_allows_host_pid_and_the_controllers_stays_restricted() ->
     assert controller_ns["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
     # nothing but the agent runs in its namespace
     kinds = sorted(o["kind"] for o in objs if o["metadata"].get("namespace") == agent_ns["metadata"]["name"])
-    assert kinds == ["ConfigMap", "DaemonSet", "Service", "ServiceAccount", "ServiceMonitor"]
+    assert kinds == ["ConfigMap", "DaemonSet", "NetworkPolicy", "Service", "ServiceAccount", "ServiceMonitor"]
 
 
 def test_the_agents_service_account_may_only_read_pods() -> None:
@@ -285,3 +291,11 @@ def test_the_committed_bundle_is_the_agent_mode_one() -> None:
         "Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "ConfigMap", "DaemonSet",
         "Service", "ServiceMonitor",
     ]  # fmt: skip
+
+
+def test_the_agent_and_the_controller_run_as_different_users() -> None:
+    objs = objects(cfg())
+    agent = one(objs, "DaemonSet")["spec"]["template"]["spec"]["securityContext"]
+    controller = one(objs, "Deployment", "ghostgpu-controller")["spec"]["template"]["spec"]["securityContext"]
+    assert agent["runAsUser"] != controller["runAsUser"]
+    assert agent["runAsGroup"] != controller["runAsGroup"]

@@ -1,4 +1,4 @@
-"""The synthetic fleet follows DESIGN §5, is deterministic, and fault injection behaves."""
+"""The synthetic fleet follows docs/design.md#benchmark, is deterministic, and fault injection behaves."""
 
 from __future__ import annotations
 

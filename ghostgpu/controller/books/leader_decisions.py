@@ -22,7 +22,8 @@ import httpx
 
 NDJSON = "application/x-ndjson"
 TEXT = "text/plain; charset=utf-8"
-FETCH_TIMEOUT_S = 30.0  # the leader reads and sends at most two 64 MiB generations
+# Inside the follower's own exchange, which its server ends at CONNECTION_TIMEOUT_S (15 s).
+FETCH_TIMEOUT_S = 10.0
 
 Answer = tuple[int, str, bytes]
 

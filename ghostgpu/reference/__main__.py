@@ -1,0 +1,5 @@
+import sys
+
+from ghostgpu.reference import main
+
+raise SystemExit(main(sys.argv[1:]))
