@@ -14,9 +14,12 @@ connection says "the Kubernetes apiserver https://...", not just a socket error.
 
 from __future__ import annotations
 
+import errno
 import os
+import socket
 import ssl
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -29,6 +32,9 @@ CREDENTIALS_FIX = (
     "fix: pass --kubeconfig FILE, set KUBECONFIG=FILE, write ~/.kube/config "
     "(e.g. `kubectl config view --raw`), or run in the cluster as a pod with a ServiceAccount"
 )
+
+# a server that cannot bind its address (in use, not this host's, a privileged port)
+_LISTEN_ERRNOS = (errno.EADDRINUSE, errno.EADDRNOTAVAIL, errno.EACCES)
 
 # address prefix -> what it is ("the Kubernetes apiserver", "Prometheus (controller.prometheus.url)")
 _ENDPOINTS: dict[str, str] = {}
@@ -209,7 +215,8 @@ def _causes(exc: BaseException) -> Iterator[BaseException]:
         yield e
         if isinstance(e, BaseExceptionGroup):
             todo.extend(e.exceptions)
-        for nxt in (e.__cause__, e.__context__):
+        # `raise ... from None` says the context is not the failure: do not explain by it.
+        for nxt in (e.__cause__, None if e.__suppress_context__ else e.__context__):
             if nxt is not None:
                 todo.append(nxt)
 
@@ -231,7 +238,10 @@ def _explain_one(e: BaseException) -> list[str] | None:
     if isinstance(e, BoundaryError):
         return e.lines
     if isinstance(e, ConfigError):
-        return e.lines()
+        return [f"error: {line}" for line in e.lines()] + [e.fix_line()]
+    usage = _usage_error(e)
+    if usage is not None:
+        return usage
     response = getattr(e, "response", None)
     if type(e).__name__ == "ServerError" and isinstance(response, httpx.Response):
         return _server_error(e, response)
@@ -239,12 +249,27 @@ def _explain_one(e: BaseException) -> list[str] | None:
         return _server_error(e, e.response)
     if isinstance(e, (httpx.TransportError, ssl.SSLError)):
         return _transport_error(e)
+    if isinstance(e, httpx.InvalidURL):
+        proxies = _proxy_variables()
+        if proxies:
+            return [
+                f"error: an address is not a URL ({e}); the proxy variables set: {proxies}",
+                "fix: give each proxy variable a URL such as http://proxy:3128, or unset it",
+            ]
+        return [f"error: an address is not a URL: {e}", "fix: check the URLs given (flags, the config)"]
     if type(e).__name__ == "APITimeoutError":
         return [f"error: {e}", "fix: check the apiserver's health and the network to it, then retry"]
     if type(e).__module__.startswith("botocore"):
         return [f"error: S3: {e}", "fix: check controller.s3 (endpoint, region) and the AWS_* credentials"]
     if type(e).__name__ == "PrometheusError":
         return [f"error: Prometheus: {e}", "fix: check controller.prometheus.url and the query in the config"]
+    if isinstance(e, OSError) and e.errno in _LISTEN_ERRNOS and "address" in str(e):
+        return [
+            f"error: cannot listen: {e}",
+            "fix: choose another address or port (--listen, --host, --port) or stop what holds it",
+        ]
+    if isinstance(e, socket.gaierror):
+        return [f"error: cannot resolve a host name: {e}", "fix: check the host given (--host, --listen)"]
     if isinstance(e, FileNotFoundError) and e.filename:
         return [f"error: {e.filename}: no such file", "fix: give the path of an existing file"]
     if isinstance(e, PermissionError) and e.filename:
@@ -252,6 +277,63 @@ def _explain_one(e: BaseException) -> list[str] | None:
     if isinstance(e, IsADirectoryError) and e.filename:
         return [f"error: {e.filename}: is a directory, expected a file", "fix: give the path of a file"]
     return None
+
+
+def _usage_error(e: BaseException) -> list[str] | None:
+    """A flag or argument the command line parser refused (`--port abc`, a missing argument, an
+    unknown option). Typer vendors click since 0.24; `ghostgpu` alone (help) is not a failure."""
+    try:
+        from typer._click.exceptions import UsageError
+    except ImportError:  # an older typer on click itself
+        from click.exceptions import UsageError
+    if not isinstance(e, UsageError) or type(e).__name__ == "NoArgsIsHelpError":
+        return None
+    command = e.ctx.command_path if e.ctx is not None else "ghostgpu"
+    return [
+        f"error: {command}: {e.format_message()}",
+        f"fix: `{command} --help` lists its options and arguments and what each takes",
+    ]
+
+
+def input_error(what: str, fix: str) -> BoundaryError:
+    """A flag, argument or environment variable that cannot be used: what it is, how to give it.
+    A multi-line `what` (a parser's message with its pointer lines) is joined into one line."""
+    what = "; ".join(line.strip() for line in what.splitlines() if line.strip())
+    return BoundaryError(f"error: {what}", f"fix: {fix}")
+
+
+@dataclass(frozen=True)
+class Override:
+    """A flag that replaces a config key: `--poll-interval 5x` for `pollInterval`. `value` is what
+    the key gets when it differs from what was typed (a URL merged into its section)."""
+
+    key: str
+    flag: str
+    given: Any
+    value: Any = None
+
+
+def validated_overrides(model: type[Any], base: Mapping[str, Any], overrides: list[Override]) -> Any:
+    """`model` validated from `base` with the overrides applied; a refused value names its flag
+    and what was typed, not the config key."""
+    from pydantic import ValidationError
+
+    from ghostgpu.config_errors import issues_from_validation
+
+    merged = {**base, **{o.key: o.given if o.value is None else o.value for o in overrides}}
+    try:
+        return model.model_validate(merged)
+    except ValidationError as exc:
+        by_key = {o.key: o for o in overrides}
+        lines, flags = [], []
+        for issue in issues_from_validation(exc, model, None):
+            o = by_key.get(issue.path.split(".")[0].split("[")[0])
+            if o is not None:
+                flags.append(o.flag)
+            where = f"{o.flag} {o.given!r}: " if o else f"{issue.path}: " if issue.path else ""
+            lines.append(f"error: {where}{issue.message}")
+        shown = ", ".join(dict.fromkeys(flags or [o.flag for o in overrides]))
+        raise BoundaryError(*lines, f"fix: give {shown} a value of the kind expected (see --help)") from None
 
 
 def _server_error(e: BaseException, response: Any) -> list[str] | None:
@@ -301,10 +383,18 @@ def _transport_error(e: BaseException) -> list[str]:
     if isinstance(e, httpx.TimeoutException):
         return [f"error: {where} did not answer in time", "fix: check that it runs and the network to it"]
     reason = str(e) or type(e).__name__
+    proxies = _proxy_variables()
     return [
-        f"error: cannot reach {where}: {reason}",
-        "fix: check that it is running and that the address is right",
+        f"error: cannot reach {where}: {reason}" + (f" (through the proxy: {proxies})" if proxies else ""),
+        "fix: check that it is running and that the address is right"
+        + (", and the proxy variables (or NO_PROXY)" if proxies else ""),
     ]
+
+
+def _proxy_variables() -> str:
+    """The proxy environment variables httpx (and so kr8s) reads, as set: NAME=value, ..."""
+    names = ("HTTPS_PROXY", "HTTP_PROXY", "ALL_PROXY", "https_proxy", "http_proxy", "all_proxy")
+    return ", ".join(f"{n}={os.environ[n]!r}" for n in names if os.environ.get(n))
 
 
 def _has_request(e: Any) -> bool:

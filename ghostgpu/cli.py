@@ -3,39 +3,54 @@
 
 from __future__ import annotations
 
+import contextlib
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import typer
+from typer.core import TyperGroup
 
 from ghostgpu import __version__
 
 
-class _BoundaryApp(typer.Typer):
-    """The app every command runs in: a failure ghostgpu can name (ghostgpu.boundary.explain)
-    ends in its one or two lines and exit 2, for every command alike; `--debug` keeps the
-    traceback."""
+class _BoundaryGroup(TyperGroup):
+    """The root command every subcommand runs in (also under typer's CliRunner): a failure
+    ghostgpu can name (ghostgpu.boundary.explain, a bad flag or argument included) ends in its
+    `error:` and `fix:` lines and exit 2, for every command alike; `--debug` keeps the traceback."""
 
-    debug = False
+    def make_context(self, info_name: str | None, args: list[str], parent: Any = None, **extra: Any) -> Any:
+        # The root's own options (`ghostgpu --bogus`) fail here, before `--debug` is parsed.
+        with _boundary("--debug" in args):
+            return super().make_context(info_name, args, parent=parent, **extra)
 
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        try:
-            return super().__call__(*args, **kwargs)
-        except Exception as exc:
-            from ghostgpu.boundary import EXIT_CODE, explain
-
-            lines = None if self.debug else explain(exc)
-            if lines is None:
-                raise
-            for line in lines:
-                print(line, file=sys.stderr)
-            sys.exit(EXIT_CODE)
+    def invoke(self, ctx: Any) -> Any:
+        with _boundary(bool(ctx.params.get("debug"))):
+            return super().invoke(ctx)
 
 
-app = _BoundaryApp(
+@contextlib.contextmanager
+def _boundary(debug: bool) -> Iterator[None]:
+    try:
+        yield
+    except (typer.Exit, typer.Abort):
+        raise  # an exit code the command chose (typer's own exceptions are Exceptions)
+    except Exception as exc:
+        from ghostgpu.boundary import EXIT_CODE, explain
+
+        lines = None if debug else explain(exc)
+        if lines is None:
+            raise
+        for line in lines:
+            print(line, file=sys.stderr)
+        raise typer.Exit(EXIT_CODE) from None
+
+
+app = typer.Typer(
     name="ghostgpu",
     help="Find GPU workloads that bypass Kueue, prove they are idle, and reclaim them safely.",
+    cls=_BoundaryGroup,
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
@@ -58,7 +73,6 @@ def main(
     ),
 ) -> None:
     """ghostgpu command line."""
-    _BoundaryApp.debug = debug
 
 
 # --- render ---
@@ -188,13 +202,20 @@ def bench_scale(
 
     The first-verdict poll is checked against the apiserver budget in the apiserver's audit log.
     """
+    from ghostgpu.boundary import input_error
     from ghostgpu.extras import require
 
+    try:
+        fleet_sizes = [int(s) for s in sizes.split(",") if s.strip()]
+    except ValueError:
+        fleet_sizes = []
+    if not fleet_sizes or min(fleet_sizes) < 1:
+        raise input_error(f"--sizes {sizes!r}: expected fleet sizes >= 1", "give e.g. --sizes 100,1000")
     require("kubernetes", "devcluster", "ghostgpu bench scale")  # it runs the local test cluster
     from ghostgpu.scale.command import run_scale_command
 
     code = run_scale_command(
-        [int(s) for s in sizes.split(",") if s.strip()],
+        fleet_sizes,
         nodes=nodes,
         idle_fraction=idle_fraction,
         steady_polls=steady_polls,

@@ -4,8 +4,8 @@ Public interface:
     load_config(path) -> GhostgpuConfig            the whole file (raises ConfigError)
     load_config_text(text, source) -> GhostgpuConfig
     load_default_config() -> GhostgpuConfig         the embedded examples/ghostgpu.yaml
-    load_controller_config(path) -> ControllerConfig  the controller section alone, as the
-                                                       rendered ConfigMap carries it
+    load_controller_config(path) -> ControllerConfig  the controller section (of either shape)
+    read_config_file(path) -> ConfigFile            either shape, by the one rule (is_whole_file)
 
 Keys are camelCase like Kubernetes (nominalQuota, pollInterval); unknown keys are errors.
 Structural checks are pydantic's; cross-references (undefined flavor, duplicate names, ...) are
@@ -14,12 +14,15 @@ checked afterwards by `semantic_issues` so that every problem is reported, not j
 
 from __future__ import annotations
 
+import difflib
 import re
 from collections import Counter
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from string import Template
 from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
 
 from pydantic import (
     AfterValidator,
@@ -34,7 +37,14 @@ from pydantic.alias_generators import to_camel
 
 from ghostgpu.actuators import Actuator
 from ghostgpu.autonomy import AutonomyConfig
-from ghostgpu.config_errors import ConfigError, ConfigIssue, format_path, issues_from_validation, parse_yaml
+from ghostgpu.config_errors import (
+    ConfigError,
+    ConfigIssue,
+    ParsedYaml,
+    format_path,
+    issues_from_validation,
+    parse_yaml,
+)
 from ghostgpu.image_ref import validate_image_ref
 from ghostgpu.quantity import Duration, Quantity
 from ghostgpu.verdict import ProcessPolicy
@@ -734,8 +744,15 @@ class MetricsConfig(Model):
         return self.dcgm if self.preset == "dcgm" else self.hami
 
 
+def _http_url(value: str) -> str:
+    parts = urlsplit(value)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"expected an http:// or https:// URL such as http://prometheus:9090, got {value!r}")
+    return value
+
+
 class PrometheusConfig(Model):
-    url: str = Field(
+    url: Annotated[str, AfterValidator(_http_url)] = Field(
         "http://prometheus-operated.monitoring.svc:9090",
         description="The Prometheus the controller queries for utilization, memory, XID errors and "
         "(in agent mode) processes.",
@@ -996,6 +1013,26 @@ class GitOpsConfig(Model):
     )
 
 
+def _claim_name(value: str) -> str:
+    if len(value) > 253 or not _DNS_SUBDOMAIN.match(value):
+        raise ValueError(
+            f"expected a PersistentVolumeClaim name (a DNS subdomain: lower-case letters, digits, "
+            f"'-' and '.', at most 253 characters), got {value!r}"
+        )
+    return value
+
+
+class DecisionLogConfig(Model):
+    """Where the leader's decision log (`ghostgpu report`'s history) lives in the pod."""
+
+    claim_name: Annotated[str, AfterValidator(_claim_name)] | None = Field(
+        None,
+        description="a PersistentVolumeClaim in controller.namespace that keeps the decision log "
+        "across pod restarts and leader changes (ReadWriteMany when replicas > 1: every replica "
+        "mounts it and only the leader writes); unset: an emptyDir, lost with the pod",
+    )
+
+
 class ControllerConfig(Model):
     """Everything `ghostgpu controller` needs; rendered into controller/configmap.yaml."""
 
@@ -1145,6 +1182,11 @@ class ControllerConfig(Model):
         description="agent: the node agent DaemonSet reports each GPU container's processes through "
         "the poll's one PromQL query, and the bundle grants no pods/exec; exec: `ps` exec'd into each "
         "idle GPU container (for clusters that cannot run the agent's DaemonSet)",
+    )
+    decision_log: DecisionLogConfig = Field(
+        default_factory=DecisionLogConfig,
+        description="the volume of the leader's decision log, `ghostgpu report`'s history "
+        "(docs/controller.md)",
     )
     reservation_queue: Name = Field(
         "default",
@@ -1475,18 +1517,65 @@ def _list(names: Sequence[str]) -> str:
 # --- loading -------------------------------------------------------------------------------------
 
 
-def load_config_text(text: str, source: str = "ghostgpu.yaml") -> GhostgpuConfig:
-    """Parse and validate config text; raise ConfigError listing every problem."""
+# One rule reads a ghostgpu.yaml everywhere (render, doctor, calibrate, controller, status, restore,
+# agent): a file with any top-level key of the whole file (apiVersion, kind, flavors, teams,
+# controller, ...) is the whole file, `kind` or not; a file whose top-level keys are all controller
+# keys, or an empty one, is the controller section alone, as the rendered ConfigMap carries it.
+# docs/render.md states the rule.
+WHOLE_FILE_KEYS = frozenset(f.alias or n for n, f in GhostgpuConfig.model_fields.items())
+CONTROLLER_KEYS = frozenset(f.alias or n for n, f in ControllerConfig.model_fields.items())
+
+
+def is_whole_file(data: dict[Any, Any]) -> bool:
+    """Whether a parsed top-level mapping is the whole ghostgpu.yaml (else a controller section).
+    A file of neither kind's keys (typos only) is read as the whole file unless its keys are close
+    misspellings of controller keys, so the "did you mean" points at the file meant."""
+    keys = {k for k in data if isinstance(k, str)}
+    if not data:
+        return False
+    if keys & WHOLE_FILE_KEYS:
+        return True
+    if keys & CONTROLLER_KEYS:
+        return False
+    near = [k for k in keys if difflib.get_close_matches(k, CONTROLLER_KEYS, n=1)]
+    return not near or any(difflib.get_close_matches(k, WHOLE_FILE_KEYS, n=1) for k in keys)
+
+
+@dataclass(frozen=True)
+class ConfigFile:
+    """A ghostgpu.yaml as read by the one rule: `whole` is None for a controller section.
+    `controller` is the section as render writes it into the ConfigMap (DRA flavors included)."""
+
+    source: str
+    whole: GhostgpuConfig | None
+    controller: ControllerConfig
+
+
+def _parsed_mapping(text: str, source: str) -> ParsedYaml:
     parsed = parse_yaml(text, source)
+    if parsed.data is None:
+        parsed.data = {}
     if not isinstance(parsed.data, dict):
         raise ConfigError(
             source,
-            [ConfigIssue("", "expected a mapping at the top level (apiVersion, flavors, teams, ...)", 1)],
+            [
+                ConfigIssue(
+                    "",
+                    "expected a mapping at the top level (the whole file: apiVersion, flavors, teams, "
+                    "...; or its controller section: mode, pollInterval, ...)",
+                    1,
+                )
+            ],
         )
+    return parsed
+
+
+def _whole(parsed: ParsedYaml, source: str) -> GhostgpuConfig:
     try:
         cfg = GhostgpuConfig.model_validate(parsed.data)
     except ValidationError as exc:
-        raise ConfigError(source, issues_from_validation(exc, GhostgpuConfig, parsed)) from None
+        issues = issues_from_validation(exc, GhostgpuConfig, parsed)
+        raise ConfigError(source, [_misplaced_controller_key(i) for i in issues]) from None
     issues = semantic_issues(cfg)
     if issues:
         located = [ConfigIssue(i.path, i.message, parsed.line_of(_split_path(i.path))) for i in issues]
@@ -1494,13 +1583,70 @@ def load_config_text(text: str, source: str = "ghostgpu.yaml") -> GhostgpuConfig
     return cfg
 
 
-def load_config(path: str | Path) -> GhostgpuConfig:
-    path = Path(path)
+def _misplaced_controller_key(issue: ConfigIssue) -> ConfigIssue:
+    """A controller key at the top of a whole file: say where it belongs."""
+    if issue.path in CONTROLLER_KEYS and issue.message.startswith("unknown key"):
+        message = "unknown key at the top level of the whole file: a controller key goes under `controller:`"
+        return ConfigIssue(issue.path, message, issue.line)
+    return issue
+
+
+def _controller(parsed: ParsedYaml, source: str) -> ControllerConfig:
     try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(str(path), [ConfigIssue("", f"cannot read file: {exc.strerror or exc}")]) from None
-    return load_config_text(text, str(path))
+        return ControllerConfig.model_validate(parsed.data)
+    except ValidationError as exc:
+        raise ConfigError(source, issues_from_validation(exc, ControllerConfig, parsed)) from None
+
+
+def config_file_text(text: str, source: str = "ghostgpu.yaml") -> ConfigFile:
+    """Read config text by the one rule; raise ConfigError listing every problem."""
+    parsed = _parsed_mapping(text, source)
+    if not is_whole_file(parsed.data):
+        return ConfigFile(source, None, _controller(parsed, source))
+    whole = _whole(parsed, source)
+    # As render writes it into the ConfigMap: the DRA flavors ride in the controller section.
+    controller = whole.controller.model_copy(update={"dra_flavors": whole.dra_flavors()})
+    return ConfigFile(source, whole, controller)
+
+
+def _read(path: str | Path) -> str:
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise ConfigError(str(path), [ConfigIssue("", f"cannot read file: {why}")]) from None
+
+
+def read_config_file(path: str | Path) -> ConfigFile:
+    """A ghostgpu.yaml or its controller section, read by the one rule (raises ConfigError)."""
+    return config_file_text(_read(path), str(path))
+
+
+def load_config_text(text: str, source: str = "ghostgpu.yaml") -> GhostgpuConfig:
+    """The whole file; a controller section is an error that says what was given."""
+    read = config_file_text(text, source)
+    if read.whole is None:
+        keys = sorted(k for k in _parsed_mapping(text, source).data if isinstance(k, str))
+        shown = ", ".join(keys[:4]) + (", ..." if len(keys) > 4 else "")
+        raise ConfigError(
+            source,
+            [
+                ConfigIssue(
+                    "",
+                    f"this is a controller section (top-level keys {shown or 'none'}), not the whole "
+                    "ghostgpu.yaml: flavors and teams are missing",
+                    1,
+                )
+            ],
+            fix="give the whole ghostgpu.yaml (apiVersion, kind, flavors, teams, controller), with "
+            "these keys under `controller:`",
+        )
+    return read.whole
+
+
+def load_config(path: str | Path) -> GhostgpuConfig:
+    """The whole file at `path` (raises ConfigError)."""
+    return load_config_text(_read(path), str(path))
 
 
 def load_default_config() -> GhostgpuConfig:
@@ -1511,17 +1657,9 @@ def load_default_config() -> GhostgpuConfig:
 
 
 def load_controller_config(path: str | Path) -> ControllerConfig:
-    """Load the controller section on its own (the ConfigMap's ghostgpu-controller.yaml)."""
-    path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(str(path), [ConfigIssue("", f"cannot read file: {exc.strerror or exc}")]) from None
-    parsed = parse_yaml(text, str(path))
-    try:
-        return ControllerConfig.model_validate(parsed.data or {})
-    except ValidationError as exc:
-        raise ConfigError(str(path), issues_from_validation(exc, ControllerConfig, parsed)) from None
+    """The controller section at `path`: the ConfigMap's ghostgpu-controller.yaml, or the
+    `controller:` of a whole file (read by the one rule)."""
+    return read_config_file(path).controller
 
 
 def _split_path(path: str) -> list[str | int]:

@@ -36,13 +36,29 @@ class ConfigIssue:
 
 @dataclass
 class ConfigError(Exception):
-    """The config file is unusable; `issues` lists every problem found (never empty)."""
+    """The config file is unusable; `issues` lists every problem found (never empty). `fix` says
+    how to give a usable one; without it, `fix_line` words one from the kind of problem."""
 
     source: str
     issues: list[ConfigIssue] = field(default_factory=list)
+    fix: str | None = None
 
     def lines(self) -> list[str]:
         return [issue.format(self.source) for issue in self.issues]
+
+    def fix_line(self) -> str:
+        if self.fix:
+            return f"fix: {self.fix}"
+        messages = [i.message for i in self.issues]
+        if any(m.startswith("cannot read file") for m in messages):
+            return f"fix: give the path of a readable file ({self.source} cannot be read as it is)"
+        if any(m.startswith(("invalid YAML", "YAML aliases")) for m in messages):
+            return f"fix: correct the YAML of {self.source} at the line shown; nothing was written or changed"
+        keys = "key" if len(self.issues) == 1 else f"{len(self.issues)} keys"
+        return (
+            f"fix: correct the {keys} named above in {self.source} (examples/ghostgpu.yaml shows "
+            "every section); nothing was written or changed"
+        )
 
     def __str__(self) -> str:
         return "\n".join(self.lines())

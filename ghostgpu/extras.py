@@ -10,19 +10,18 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
-import typer
-
 
 def require(module: str, extra: str, what: str) -> ModuleType:
-    """Import `module`; without it, print which pip extra installs it and exit 1 (no traceback)."""
+    """Import `module`; without it, a BoundaryError that names the pip extra installing it (the
+    CLI's boundary prints it as error:/fix: and exits 2, no traceback)."""
     try:
         return importlib.import_module(module)
     except ModuleNotFoundError as exc:
         if exc.name != module.split(".")[0]:
             raise  # the module is there but one of its own imports is broken: show that
-        typer.echo(
-            f"{what} needs the '{module}' package, which this installation lacks: "
+        from ghostgpu.boundary import input_error
+
+        raise input_error(
+            f"{what} needs the '{module}' package, which this installation lacks",
             f"pip install 'ghostgpu[{extra}]'",
-            err=True,
-        )
-        raise typer.Exit(1) from None
+        ) from None

@@ -740,6 +740,7 @@ def _controller_context(cfg: c.GhostgpuConfig) -> dict[str, Any]:
         "replicas": ctrl.replicas,
         "port": ctrl.port,
         "lease_name": ctrl.lease_name,
+        "decision_log_claim": ctrl.decision_log.claim_name,
         "config_key": CONTROLLER_CONFIG_KEY,
         "config_dir": CONTROLLER_CONFIG_DIR,
         "config_hash": config_hash,
@@ -948,23 +949,13 @@ def _lines(text: str | None) -> Iterable[str]:
 
 
 def run_render_command(config_path: Path | None, out_dir: Path, check: bool, echo: Any = print) -> int:
-    """Exit code: 0 rendered / up to date, 1 stale (--check), 2 bad config. Writes nothing on error."""
+    """Exit code: 0 rendered / up to date, 1 stale (--check). A bad config (ConfigError) or an
+    unwritable -o raises before anything is written; the CLI's boundary (ghostgpu/boundary.py)
+    prints it and exits 2."""
     import sys
 
-    from ghostgpu.config_errors import ConfigError
-
-    try:
-        cfg = c.load_config(config_path) if config_path is not None else c.load_default_config()
-        files = render_bundles(cfg)
-    except ConfigError as exc:
-        for line in exc.lines():
-            print(line, file=sys.stderr)
-        problems = len(exc.issues)
-        print(
-            f"{exc.source}: {problems} problem{'s' if problems != 1 else ''}; nothing written",
-            file=sys.stderr,
-        )
-        return 2
+    cfg = c.load_config(config_path) if config_path is not None else c.load_default_config()
+    files = render_bundles(cfg)
     if check:
         diff = stale_diff(files, out_dir)
         if diff:
@@ -980,8 +971,13 @@ def run_render_command(config_path: Path | None, out_dir: Path, check: bool, ech
     try:
         changed = write_bundles(files, out_dir)
     except OSError as exc:
-        print(f"{out_dir}: cannot write the bundles: {exc}", file=sys.stderr)
-        return 1
+        from ghostgpu.boundary import input_error
+
+        raise input_error(
+            f"-o {out_dir}: cannot write the bundles: {exc.strerror or exc}"
+            + (f" ({exc.filename})" if exc.filename else ""),
+            "give -o a directory this user can create and write",
+        ) from None
     echo(
         f"rendered {len(files)} files into {', '.join(f'{out_dir / b}/' for b in BUNDLES)} "
         f"({len(changed)} changed)"

@@ -17,6 +17,7 @@ from ghostgpu import __version__
 from ghostgpu.agent import procfs
 from ghostgpu.agent.exporter import AgentExporter
 from ghostgpu.agent.scan import ScanResult, agent_pod, scan_node
+from ghostgpu.boundary import BoundaryError
 from ghostgpu.controller.inventory import gpu_predicate
 from ghostgpu.controller.kube import PODS, Reflector
 from ghostgpu.controller.server import HealthServer
@@ -26,8 +27,11 @@ log = logging.getLogger("ghostgpu.agent")
 AGENT_USER_AGENT = f"ghostgpu-agent/{__version__}"
 
 
-class AgentArgError(ValueError):
-    """A command-line value the agent cannot start with (the message names the flag)."""
+class AgentArgError(BoundaryError, ValueError):
+    """A command-line value the agent cannot start with: what it is (naming the flag) and the fix."""
+
+    def __init__(self, what: str, fix: str) -> None:
+        super().__init__(f"error: {what}", f"fix: {fix}")
 
 
 class ScanFailed(RuntimeError):
@@ -46,20 +50,26 @@ class AgentSettings:
 def parse_listen(value: str) -> tuple[str, int]:
     host, sep, port = value.rpartition(":")
     if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise AgentArgError(f"--listen {value!r}: expected HOST:PORT, e.g. 0.0.0.0:9402")
+        raise AgentArgError(f"--listen {value!r}: expected HOST:PORT", "give e.g. --listen 0.0.0.0:9402")
     return host.strip("[]") or "0.0.0.0", int(port)
 
 
 def settings(node: str, proc: Path, listen: str, interval: float) -> AgentSettings:
     if not node:
-        raise AgentArgError("--node-name is empty: set it from the downward API (spec.nodeName)")
+        raise AgentArgError(
+            "--node-name is empty (and so is NODE_NAME)",
+            "give --node-name, or set NODE_NAME from the downward API (fieldRef spec.nodeName)",
+        )
     if not interval > 0:
-        raise AgentArgError(f"--interval {interval}: expected seconds > 0")
+        raise AgentArgError(f"--interval {interval}: expected seconds > 0", "give e.g. --interval 15")
     try:
         procfs.pids(proc)
         procfs.uptime_s(proc)
     except (OSError, ValueError, IndexError) as exc:
-        raise AgentArgError(f"--proc {proc}: not a readable proc root ({exc})") from None
+        raise AgentArgError(
+            f"--proc {proc}: not a readable proc root ({exc})",
+            "give the host's /proc (the DaemonSet mounts it with hostPID: true)",
+        ) from None
     host, port = parse_listen(listen)
     return AgentSettings(node, proc, host, port, interval)
 
@@ -151,20 +161,12 @@ def run_agent_command(
     *,
     echo: Any = print,
 ) -> int:
-    """The `ghostgpu agent` command: 2 with one clear line for a config or flag it cannot use."""
-    from ghostgpu.config_errors import ConfigError
+    """The `ghostgpu agent` command; a config or flag it cannot use raises (exit 2, ghostgpu.boundary)."""
     from ghostgpu.controller import jsonlog
     from ghostgpu.controller.app import load_any_config
 
-    try:
-        loaded = load_any_config(config)
-        s = settings(node, proc, listen, interval)
-    except ConfigError as exc:
-        echo(str(exc), err=True)
-        return 2
-    except AgentArgError as exc:
-        echo(f"error: {exc}", err=True)
-        return 2
+    loaded = load_any_config(config)  # a bad file or flag: ConfigError, AgentArgError (ghostgpu.boundary)
+    s = settings(node, proc, listen, interval)
     jsonlog.setup("INFO")
 
     async def main() -> None:

@@ -8,17 +8,17 @@ from pathlib import Path
 from rich.console import Console
 
 from ghostgpu.autonomy import AutonomyConfig, CalibrationSettings
+from ghostgpu.boundary import Override, input_error, validated_overrides
 from ghostgpu.calibration.incidents import IncidentFileError
 from ghostgpu.calibration.report import print_text, run, to_json
-from ghostgpu.config_errors import ConfigError
 
 
 def _autonomy(config_path: Path | None) -> AutonomyConfig:
     if config_path is None:
         return AutonomyConfig()
-    from ghostgpu.config import load_config  # raises ConfigError with file/key/line
+    from ghostgpu.config import read_config_file  # either shape; raises ConfigError with file/key/line
 
-    return load_config(config_path).controller.autonomy
+    return read_config_file(config_path).controller.autonomy
 
 
 def run_calibrate_command(
@@ -33,27 +33,29 @@ def run_calibrate_command(
     plot: Path | None,
     echo: Callable[..., None],
 ) -> int:
-    if per_type_ceiling not in (None, "pooled", "each"):
-        echo(f"error: --per-type-ceiling: expected pooled or each, got {per_type_ceiling!r}", err=True)
-        return 2
+    """Exit 0; a bad flag, config or incident file raises a BoundaryError or ConfigError (exit 2)."""
+    autonomy = _autonomy(config_path)
+    flags = [
+        Override(key, flag, given)
+        for key, flag, given in (
+            ("ceiling", "--ceiling", ceiling),
+            ("autonomous_latency_seconds", "--autonomous-latency", autonomous_latency),
+            ("escalation_latency_seconds", "--escalation-latency", escalation_latency),
+            ("tau_step", "--step", step),
+            ("per_type_ceiling", "--per-type-ceiling", per_type_ceiling),
+        )
+        if given is not None
+    ]
+    base = autonomy.calibration.model_dump()
+    settings = validated_overrides(CalibrationSettings, base, flags)
     try:
-        autonomy = _autonomy(config_path)
-        overrides = {
-            k: v
-            for k, v in {
-                "ceiling": ceiling,
-                "autonomous_latency_seconds": autonomous_latency,
-                "escalation_latency_seconds": escalation_latency,
-                "tau_step": step,
-                "per_type_ceiling": per_type_ceiling,
-            }.items()
-            if v is not None
-        }
-        settings = CalibrationSettings.model_validate({**autonomy.calibration.model_dump(), **overrides})
         result = run(incidents, autonomy, settings)
-    except (IncidentFileError, ConfigError, ValueError) as exc:  # pydantic's ValidationError is a ValueError
-        echo(f"error: {exc}", err=True)
-        return 2
+    except IncidentFileError as exc:
+        raise input_error(
+            str(exc),
+            "give --incidents a file as docs/autonomy.md describes (rows of manifest, action, "
+            "incident_type, dangerous), or leave it out for the built-in set",
+        ) from None
     if plot is not None:
         from ghostgpu.calibration.plot import plot_calibration
 

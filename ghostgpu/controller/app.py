@@ -17,15 +17,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from ghostgpu import __version__
 from ghostgpu.actuators import ActuatorTable
-from ghostgpu.config import ControllerConfig, load_config, load_controller_config
+from ghostgpu.config import ControllerConfig, read_config_file
 from ghostgpu.controller import keys
 from ghostgpu.controller.act.gitops import ApiReader, GitOpsPreflight
 from ghostgpu.controller.books.accounting import FlavorSpec, node_labels_for_books
 from ghostgpu.controller.books.decisions import DecisionLog
+from ghostgpu.controller.books.leader_decisions import LeaderDecisions
 from ghostgpu.controller.books.placeholders import Reservations, reserve
 from ghostgpu.controller.budget import BudgetedApi, BudgetedExec, RequestBudget
 from ghostgpu.controller.claims import DraCounter, claim_view
@@ -56,6 +55,7 @@ from ghostgpu.controller.leader import LeaderElector
 from ghostgpu.controller.ledger import ReplicaLedger
 from ghostgpu.controller.managers import ManagerInformers, owner_of_view
 from ghostgpu.controller.reconciler import PollResult, Reconciler, Snapshot, accounting_from, untracked_of
+from ghostgpu.controller.replica import advertised_address, lease_namespace_of
 from ghostgpu.controller.server import HealthServer
 from ghostgpu.controller.slices import DraCapacity, slice_view
 from ghostgpu.signals.agent import AgentProcessSource, AgentSeries
@@ -79,21 +79,16 @@ class LoadedConfig:
 
 
 def load_any_config(path: str | Path | None) -> LoadedConfig:
-    """The whole ghostgpu.yaml (flavors known) or the ConfigMap's controller section alone."""
+    """The whole ghostgpu.yaml (flavors known) or the ConfigMap's controller section alone, told
+    apart by config.is_whole_file; no file: the defaults."""
     if path is None:
         return LoadedConfig(ControllerConfig(), None)
-    data = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
-    if isinstance(data, dict) and data.get("kind") == "GhostgpuConfig":
-        full = load_config(path)
-        # As render writes it into the ConfigMap: the DRA flavors ride in the controller section.
-        controller = full.controller.model_copy(update={"dra_flavors": full.dra_flavors()})
-        flavors = [
-            FlavorSpec(f.name, f.resource, dict(f.node_labels))
-            for f in full.flavors
-            if f.resource is not None
-        ]
-        return LoadedConfig(controller, flavors + dra_flavor_specs(controller))
-    return LoadedConfig(load_controller_config(path), None)
+    read = read_config_file(path)
+    if read.whole is None:
+        return LoadedConfig(read.controller, None)
+    plugin = [f for f in read.whole.flavors if f.resource is not None]
+    flavors = [FlavorSpec(f.name, f.resource, dict(f.node_labels)) for f in plugin]
+    return LoadedConfig(read.controller, flavors + dra_flavor_specs(read.controller))
 
 
 def dra_flavor_specs(cfg: ControllerConfig) -> list[FlavorSpec]:
@@ -343,7 +338,7 @@ async def run_controller(
     informers = Informers(api, is_gpu, table, sorted({f.key for f in dra_flavors}))
     elector = LeaderElector(
         api,
-        namespace=lease_namespace or os.environ.get("POD_NAMESPACE") or cfg.namespace,
+        namespace=lease_namespace_of(lease_namespace, cfg),
         name=cfg.lease_name,
         identity=identity,
         lease_duration=lease_duration,
@@ -394,15 +389,24 @@ async def run_controller(
     def ready() -> tuple[bool, str]:
         return informers.synced, "watch caches synced" if informers.synced else "watch caches syncing"
 
+    # Every replica answers /decisions with the leader's log (books/leader_decisions.py).
+    decisions = LeaderDecisions(
+        read_own=dlog.read_bytes,
+        is_leader=elector.is_leader,
+        leader_address=elector.leader_address,
+        holder=lambda: elector.holder,
+        identity=identity,
+    )
     server = HealthServer(
         metrics.registry,
         healthy=healthy,
         ready=ready,
-        decisions=dlog.read_bytes,
+        decisions_answer=decisions,
         host=host,
         port=cfg.port if port is None else port,
     )
     bound = await server.start()
+    elector.address = advertised_address(host, bound)
     log.info("controller starting", extra={"identity": identity, "mode": cfg.mode, "port": bound})
     tasks = [asyncio.create_task(r.run(), name=f"watch-{r.rtype.plural}") for r in informers.all]
     tasks.append(asyncio.create_task(elector.run(), name="leader-election"))

@@ -12,6 +12,7 @@ from typing import Any
 import typer
 
 ConfigOpt = typer.Option(None, "--config", "-c", help="ghostgpu.yaml, or the ConfigMap's controller section.")
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 KubeconfigOpt = typer.Option(
     None, "--kubeconfig", help="Kubeconfig file (default: in-cluster or ~/.kube/config)."
 )
@@ -27,7 +28,9 @@ def controller(
     poll_interval: str | None = typer.Option(None, "--poll-interval", help="Override pollInterval, e.g. 5s."),
     startup_grace: str | None = typer.Option(None, "--startup-grace", help="Override startupGrace, e.g. 0s."),
     host: str = typer.Option("0.0.0.0", "--host", help="Address of the /metrics, /healthz, /readyz server."),
-    port: int | None = typer.Option(None, "--port", help="Port of that server (default controller.port)."),
+    port: int | None = typer.Option(
+        None, "--port", min=0, max=65535, help="Port of that server (default controller.port; 0: any free)."
+    ),
     identity: str | None = typer.Option(
         None, "--identity", help="Leader-election identity (default POD_NAME)."
     ),
@@ -50,35 +53,40 @@ def controller(
     ),
 ) -> None:
     """Run the reclaim controller (shadow mode unless the config says enforce)."""
-    from ghostgpu.config_errors import ConfigError
+    from ghostgpu.boundary import Override, input_error, validated_overrides
+    from ghostgpu.config import ControllerConfig
     from ghostgpu.controller import jsonlog
     from ghostgpu.controller.app import LoadedConfig, load_any_config, run_controller
+    from ghostgpu.controller.replica import lease_namespace_of
 
+    if log_level.upper() not in LOG_LEVELS:
+        raise input_error(f"--log-level {log_level!r}: not a level", f"give one of {', '.join(LOG_LEVELS)}")
+    if not 0 < retry_period < renew_deadline < lease_duration:
+        raise input_error(
+            f"--retry-period {retry_period:g} < --renew-deadline {renew_deadline:g} < --lease-duration "
+            f"{lease_duration:g} does not hold",
+            "give the three so that each is shorter than the next (defaults 2 < 10 < 15 seconds)",
+        )
+    loaded = load_any_config(config)
+    lease_namespace_of(lease_namespace, loaded.controller)  # refused before connecting
+    flags = [
+        Override(key, flag, given)
+        for key, flag, given in (
+            ("mode", "--mode", mode),
+            ("pollInterval", "--poll-interval", poll_interval),
+            ("startupGrace", "--startup-grace", startup_grace),
+            ("kueueNudge", "--kueue-nudge", kueue_nudge),
+        )
+        if given is not None
+    ]
+    if prometheus_url is not None:
+        prometheus = loaded.controller.prometheus.model_dump(by_alias=True, mode="json")
+        merged = {**prometheus, "url": prometheus_url}
+        flags.append(Override("prometheus", "--prometheus-url", prometheus_url, merged))
+    if flags:
+        base = loaded.controller.model_dump(by_alias=True, mode="json")
+        loaded = LoadedConfig(validated_overrides(ControllerConfig, base, flags), loaded.flavors)
     jsonlog.setup(log_level)
-    try:
-        loaded = load_any_config(config)
-    except ConfigError as exc:
-        typer.echo(str(exc), err=True)
-        raise typer.Exit(2) from None
-    overrides: dict[str, object] = {}
-    if mode:
-        overrides["mode"] = mode
-    if poll_interval:
-        overrides["pollInterval"] = poll_interval
-    if startup_grace:
-        overrides["startupGrace"] = startup_grace
-    if kueue_nudge is not None:
-        overrides["kueueNudge"] = kueue_nudge
-    if prometheus_url:
-        overrides["prometheus"] = {
-            **loaded.controller.prometheus.model_dump(by_alias=True, mode="json"),
-            "url": prometheus_url,
-        }
-    if overrides:
-        from ghostgpu.config import ControllerConfig
-
-        merged = {**loaded.controller.model_dump(by_alias=True, mode="json"), **overrides}
-        loaded = LoadedConfig(ControllerConfig.model_validate(merged), loaded.flavors)
     asyncio.run(
         run_controller(
             loaded,
@@ -110,12 +118,12 @@ def status(
     verdict, truly free, and what Kueue believes is free. `--by owner`: the top owner kinds holding
     GPUs outside Kueue, and whether ghostgpu can act on them (a kind it cannot is one to add an
     actuator row for)."""
+    from ghostgpu.boundary import input_error
     from ghostgpu.controller.app import load_any_config
     from ghostgpu.controller.ops import status as get_status
 
     if by not in ("flavor", "owner"):
-        typer.echo(f"ghostgpu status: --by {by!r}: expected 'flavor' or 'owner'", err=True)
-        raise typer.Exit(2)
+        raise input_error(f"--by {by!r}: not a grouping", "give --by flavor (the default) or --by owner")
     if by == "owner":
         _status_by_owner(load_any_config(config), kubeconfig, as_json)
         return
@@ -179,27 +187,34 @@ def _status_by_owner(loaded: Any, kubeconfig: str | None, as_json: bool) -> None
 def report(
     source: str = typer.Argument(
         "/var/lib/ghostgpu/decisions.jsonl",
-        help="Decision log file, '-' for stdin, or the controller's http://HOST:PORT/decisions URL.",
+        help="Decision log file, '-' for stdin, or a controller's http://HOST:PORT[/decisions] URL "
+        "(the Service or any replica: each answers with the leader's log).",
     ),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of text."),
 ) -> None:
     """Summarise the shadow-mode decision history: GPU-hours that would have been reclaimed,
     misses (UNKNOWN runs) and whether each cleared on a later poll or persisted."""
-    from ghostgpu.controller.books.decisions import parse_lines, summarize
+    from ghostgpu.boundary import input_error
+    from ghostgpu.controller.books.decisions import DecisionLogError, parse_lines, summarize
 
     if source.startswith(("http://", "https://")):
-        import httpx
-
-        text = httpx.get(source, timeout=30).raise_for_status().text
+        text = _fetch_decisions(source)
     elif source == "-":
         text = sys.stdin.read()
     else:
         try:
-            text = Path(source).read_text(encoding="utf-8")
-        except OSError as exc:
-            typer.echo(f"cannot read {source}: {exc.strerror or exc}", err=True)
-            raise typer.Exit(2) from None
-    rep = summarize(parse_lines(text.splitlines()))
+            text = Path(source).read_text(encoding="utf-8")  # OSError: named by the boundary
+        except UnicodeDecodeError as exc:
+            why = f"{source}: not a text file ({exc.reason})"
+            raise input_error(why, "give the JSONL decision log") from None
+    try:
+        rep = summarize(parse_lines(text.splitlines()))
+    except DecisionLogError as exc:
+        raise input_error(
+            f"{source}: {exc}",
+            "give the controller's decision log (its --decision-log file), '-' for stdin, or its "
+            "http://HOST:PORT/decisions URL",
+        ) from None
     if as_json:
         typer.echo(json.dumps(rep.as_dict(), indent=2, sort_keys=True))
         return
@@ -225,6 +240,29 @@ def report(
         )
 
 
+def _fetch_decisions(url: str) -> str:
+    """The leader's decision log from any replica's URL (a follower fetches it from the leader:
+    books/leader_decisions.py); a base URL gets /decisions appended."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    import httpx
+
+    from ghostgpu.boundary import input_error, name_endpoint
+
+    parts = urlsplit(url)
+    if parts.path in ("", "/"):
+        url = urlunsplit(parts._replace(path="/decisions"))
+    name_endpoint(f"{parts.scheme}://{parts.netloc}", "the controller")
+    r = httpx.get(url, timeout=60)  # a transport failure is named by the boundary
+    if r.status_code != 200:
+        raise input_error(
+            f"{url} answered {r.status_code}: {r.text.strip()[:300]}",
+            "point at the controller's Service or a controller pod (port-forward its port, 8080 by "
+            "default) while one replica leads; docs/controller.md",
+        )
+    return r.text
+
+
 LedgerConfigOpt = typer.Option(
     None, "--config", "-c", help="ghostgpu.yaml or the controller section: where the replica ledger is."
 )
@@ -248,18 +286,29 @@ def restore(
     (a Volcano Job's AbortJob Command) by creating its restore object (a ResumeJob Command)
     (docs/managers.md)."""
     from ghostgpu.actuators import ActuatorTable
+    from ghostgpu.boundary import input_error
     from ghostgpu.controller.app import load_any_config
-    from ghostgpu.controller.ops import RestoreError
+    from ghostgpu.controller.ops import RestoreError, parse_target
     from ghostgpu.controller.ops import restore as do_restore
 
     ctrl = load_any_config(config).controller
     table = ActuatorTable(ctrl.actuators)
     try:
+        parse_target(target, namespace, table)
+    except RestoreError as exc:
+        raise input_error(str(exc), "give KIND/NAME, e.g. deployment/notebook-7") from None
+    try:
         done = asyncio.run(
             do_restore(target, namespace, kubeconfig=kubeconfig, ledger_namespace=ctrl.namespace, table=table)
         )
     except RestoreError as exc:
+        # Ran and found nothing it may undo: exit 1, like doctor's failed row (docs/doctor.md).
         typer.echo(f"error: {exc}", err=True)
+        typer.echo(
+            f"fix: nothing was changed; `kubectl -n {namespace} get {target} -o yaml` shows its "
+            "ghostgpu.io/ annotations (docs/managers.md says how each kind is restored)",
+            err=True,
+        )
         raise typer.Exit(1) from None
     typer.echo(done.summary())
 

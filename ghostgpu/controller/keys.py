@@ -17,6 +17,8 @@ RECLAIMED_FROM = "ghostgpu.io/reclaimed-from-replicas"
 RECLAIMED_AT = "ghostgpu.io/reclaimed-at"
 ESCALATED = "ghostgpu.io/escalated"
 COMPONENT = "ghostgpu-controller"
+# On the controller's Lease: HOST:PORT where the holder serves /decisions (followers proxy to it).
+LEADER_ADDRESS = "ghostgpu.io/leader-address"
 CAPACITY_FREED_AT = "ghostgpu.io/capacity-freed-at"  # on Nodes: nudges Kueue to retry pending work
 
 

@@ -7,6 +7,9 @@
   Takeover therefore happens within lease_duration + retry_period < 2 x lease_duration.
 - A leader that cannot renew for `renew_deadline` (< lease_duration) stops acting at once, before
   anyone else may take over: `is_leader()` is checked right before every write.
+- The holder writes where it serves its HTTP port into the Lease (annotation
+  ghostgpu.io/leader-address), so a follower can answer /decisions from the leader's log
+  (`leader_address()`): only the leader writes that log.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from typing import Any
 
 from kr8s._exceptions import ServerError
 
+from ghostgpu.controller.keys import LEADER_ADDRESS
 from ghostgpu.controller.kube import LEASES, status_of
 
 log = logging.getLogger("ghostgpu.controller.leader")
@@ -38,11 +42,14 @@ class LeaseRecord:
     transitions: int
     renew_time: str | None
     resource_version: str | None
+    address: str | None = None  # where the holder serves /decisions (HOST:PORT)
 
 
 def record_of(obj: dict[str, Any]) -> LeaseRecord:
     spec = obj.get("spec") or {}
+    annotations = (obj.get("metadata") or {}).get("annotations") or {}
     return LeaseRecord(
+        address=annotations.get(LEADER_ADDRESS) or None,
         holder=spec.get("holderIdentity"),
         duration=int(spec.get("leaseDurationSeconds") or 0),
         transitions=int(spec.get("leaseTransitions") or 0),
@@ -75,6 +82,7 @@ class LeaderElector:
         retry_period: float = 2.0,
         clock: Callable[[], float] = time.monotonic,
         on_change: Callable[[bool], None] | None = None,
+        address: str | None = None,
     ) -> None:
         if not retry_period < renew_deadline < lease_duration:
             raise ValueError("need retry_period < renew_deadline < lease_duration")
@@ -87,6 +95,7 @@ class LeaderElector:
         self.retry_period = retry_period
         self.clock = clock
         self.on_change = on_change
+        self.address = address
         self._observed: LeaseRecord | None = None
         self._observed_at = clock()
         self._renewed_at: float | None = None
@@ -133,9 +142,31 @@ class LeaderElector:
         if acquire:
             spec["acquireTime"] = now
         meta: dict[str, Any] = {"name": self.name, "namespace": self.namespace}
+        annotations = dict(((current or {}).get("metadata") or {}).get("annotations") or {})
+        annotations.pop(LEADER_ADDRESS, None)
+        if self.address:
+            annotations[LEADER_ADDRESS] = self.address
+        if annotations:
+            meta["annotations"] = annotations
         if current:
             meta["resourceVersion"] = current["metadata"]["resourceVersion"]
         return {"apiVersion": LEASES.version, "kind": "Lease", "metadata": meta, "spec": spec}
+
+    def leader_address(self) -> str | None:
+        """Where another replica that holds the Lease serves /decisions, as last read from the
+        Lease; None while this replica leads, nobody holds it, the holder gave no address, or the
+        record has not changed for a lease duration (the holder is presumed gone)."""
+        record = self._observed
+        if record is None or not record.holder or record.holder == self.identity:
+            return None
+        if self.clock() - self._observed_at >= (record.duration or self.lease_duration):
+            return None
+        return record.address
+
+    @property
+    def holder(self) -> str | None:
+        """The holder identity last read from the Lease."""
+        return self._observed.holder if self._observed else None
 
     async def try_acquire_or_renew(self) -> bool:
         current = await self._get()

@@ -16,11 +16,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 Probe = Callable[[], tuple[bool, str]]
+# An asynchronous /decisions handler: request target -> (status, content type, body).
+DecisionsAnswer = Callable[[str], Awaitable[tuple[int, str, bytes]]]
 
 # Prometheus, the kubelet's probes and a person's curl need a few; each costs ~7 KiB idle.
 MAX_CONNECTIONS = 64
@@ -48,6 +50,7 @@ class HealthServer:
         healthy: Probe,
         ready: Probe,
         decisions: Callable[[], bytes] = lambda: b"",
+        decisions_answer: DecisionsAnswer | None = None,
         host: str = "0.0.0.0",
         port: int = 8080,
         max_connections: int = MAX_CONNECTIONS,
@@ -58,6 +61,7 @@ class HealthServer:
         self.healthy = healthy
         self.ready = ready
         self.decisions = decisions
+        self.decisions_answer = decisions_answer  # replaces `decisions` (the leader's log: app.py)
         self.host = host
         self.port = port
         self.max_connections = max_connections
@@ -99,6 +103,11 @@ class HealthServer:
         if path == "/decisions":
             return 200, "application/x-ndjson", self.decisions()
         return 404, "text/plain; charset=utf-8", b"not found"
+
+    async def _answer(self, target: str) -> tuple[int, str, bytes]:
+        if self.decisions_answer is not None and target.split("?", 1)[0] == "/decisions":
+            return await self.decisions_answer(target)
+        return self.route(target)
 
     def _admit(self, writer: asyncio.StreamWriter) -> bool:
         if len(self._open) >= self.max_connections:
@@ -142,7 +151,7 @@ class HealthServer:
                     if len(parts) < 2 or parts[0] not in ("GET", "HEAD"):
                         status, ctype, body = 405, "text/plain", b"method not allowed"
                     else:
-                        status, ctype, body = self.route(parts[1])
+                        status, ctype, body = await self._answer(parts[1])
                 except HeadTooLarge:
                     parts, status, ctype, body = [], 431, "text/plain", b"request head too large"
                 self._open[writer] = False  # answering: not shed for a newcomer

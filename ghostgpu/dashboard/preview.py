@@ -8,6 +8,7 @@ import math
 import re
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 from pydantic import BaseModel
@@ -238,23 +239,44 @@ def run_preview_command(
     from_json: Path | None,
     echo: Any = print,
 ) -> int:
-    import sys
     import time
 
-    try:
-        if from_json is not None:
-            preview = Preview.model_validate_json(from_json.read_text())
-        else:
-            if not prometheus:
-                print("give --prometheus URL, or --from-json FILE to redraw saved results", file=sys.stderr)
-                return 2
-            end = end if end is not None else time.time()
-            start = start if start is not None else end - 60 * minutes
-            step = max(1.0, round((end - start) / 400))
+    from ghostgpu.boundary import input_error
+
+    if from_json is not None:
+        text = from_json.read_text()  # a missing file: FileNotFoundError, named by the boundary
+        try:
+            preview = Preview.model_validate_json(text)
+        except ValueError as exc:  # pydantic's ValidationError, bad JSON included
+            what = str(exc).splitlines()[1:2] or [str(exc)]
+            raise input_error(
+                f"--from-json {from_json}: not saved query results ({what[0].strip()})",
+                "give a file written by `ghostgpu dashboard preview --json-out FILE`",
+            ) from None
+    else:
+        if not prometheus:
+            raise input_error(
+                "no --prometheus and no --from-json: nothing to draw from",
+                "give --prometheus URL (e.g. a port-forward: http://127.0.0.1:9090), or --from-json FILE "
+                "to redraw saved results",
+            )
+        parts = urlsplit(prometheus)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise input_error(
+                f"--prometheus {prometheus!r}: not an http:// or https:// URL",
+                "give the Prometheus base URL, e.g. http://127.0.0.1:9090",
+            )
+        end = end if end is not None else time.time()
+        start = start if start is not None else end - 60 * minutes
+        step = max(1.0, round((end - start) / 400))
+        try:
             preview = fetch(prometheus, start, end, step)
-    except (PreviewError, OSError, ValueError) as exc:
-        print(f"dashboard preview: {exc}", file=sys.stderr)
-        return 1
+        except PreviewError as exc:
+            raise input_error(
+                f"Prometheus: {exc}",
+                "check that --prometheus is a Prometheus base URL that answers, and the range "
+                "(--start, --end, --minutes)",
+            ) from None
     if json_out is not None:
         json_out.parent.mkdir(parents=True, exist_ok=True)
         json_out.write_text(preview.model_dump_json(indent=1) + "\n")

@@ -16,6 +16,20 @@ app = typer.Typer(help="A local GPU test cluster: real control plane, kwok GPU n
 _STATE = typer.Option(None, "--state-dir", help="State directory (default ~/.cache/ghostgpu/cluster).")
 
 
+def kueue_release() -> str:
+    """The Kueue release `up` would run; GHOSTGPU_KUEUE_VERSION that names none is an input error."""
+    from ghostgpu.boundary import input_error
+    from ghostgpu.devcluster.paths import KUEUE_VERSION_ENV, kueue_version, read_versions
+
+    versions = read_versions()
+    try:
+        return kueue_version(versions)
+    except ValueError as e:
+        raise input_error(
+            str(e), f"unset {KUEUE_VERSION_ENV}, or set it to a release hack/testbin built (e.g. v0.17.0)"
+        ) from None
+
+
 def docker_available() -> tuple[bool, str]:
     """Whether a Docker engine answers (then a kind provider could be used instead)."""
     if shutil.which("docker") is None:
@@ -45,26 +59,30 @@ def up(
     Kueue is hack/versions.env's KUEUE_VERSION; GHOSTGPU_KUEUE_VERSION=v0.17.0 (built by
     `hack/testbin kueue@v0.17.0`) starts another release."""
     require("kubernetes", "devcluster", "ghostgpu devcluster")
+    from ghostgpu.boundary import input_error
     from ghostgpu.devcluster.cluster import ALL_ADDONS, DevCluster, status_lines
+    from ghostgpu.devcluster.paths import TESTBIN_FIX
 
     if provider == "kind":
         ok, why = docker_available()
-        if not ok:
-            typer.echo(f"kind provider skipped: {why}; use --provider local", err=True)
-            raise typer.Exit(2)
-        typer.echo("kind provider: not implemented in this version; use --provider local", err=True)
-        raise typer.Exit(2)
+        what = "--provider kind: not implemented in this version" if ok else f"kind provider skipped: {why}"
+        raise input_error(what, "use --provider local (the default)")
     if provider != "local":
-        typer.echo(f"unknown provider {provider!r}; expected local or kind", err=True)
-        raise typer.Exit(2)
+        raise input_error(f"--provider {provider!r}: unknown", "give --provider local (the default)")
+    kueue_release()  # a bad GHOSTGPU_KUEUE_VERSION is refused before anything starts
     skip = {"kueue": no_kueue, "kyverno": no_kyverno, "prometheus": no_prometheus}
     addons = tuple(a for a in ALL_ADDONS if not skip[a])
     t0 = time.monotonic()
     try:
         cluster = DevCluster.up(state_dir, addons=addons, real_node=not no_real_node)
-    except (FileNotFoundError, RuntimeError, TimeoutError, ValueError) as e:
-        typer.echo(f"devcluster up failed: {e}", err=True)
-        raise typer.Exit(1) from e
+    except FileNotFoundError as e:
+        raise input_error(f"devcluster up: {e}", TESTBIN_FIX) from e
+    except (RuntimeError, TimeoutError, ValueError) as e:
+        raise input_error(
+            f"devcluster up failed: {e}",
+            "read the component's log under the state directory's logs/, then "
+            "`ghostgpu devcluster down` and up again (docs/devcluster.md)",
+        ) from e
     for line in status_lines(cluster.state):
         typer.echo(line)
     if cluster.state.real_node_error:
@@ -125,16 +143,13 @@ def demo(
     require("kubernetes", "devcluster", "ghostgpu devcluster")
     from rich.console import Console
 
-    from ghostgpu.devcluster.demo import DemoError, run
+    from ghostgpu.devcluster.demo import run
 
     console = Console()
     if not console.is_terminal:
         console = Console(width=140)  # a log or CI: wide enough that tables keep one row a line
     try:
-        run(state_dir, keep=keep, polls=polls, console=console)
-    except DemoError as e:
-        typer.echo(f"devcluster demo: {e}", err=True)
-        raise typer.Exit(1) from None
+        run(state_dir, keep=keep, polls=polls, console=console)  # DemoError: error:/fix:, exit 2
     except KeyboardInterrupt:
         typer.echo("devcluster demo: interrupted", err=True)
         raise typer.Exit(130) from None

@@ -164,7 +164,7 @@ class DevCluster:
         f = (state_dir or default_state_dir()) / "state.json"
         if not f.exists():
             return None
-        state = ClusterState.model_validate_json(f.read_text())
+        state = read_state(f)
         if state.processes and all(state.running().values()):
             return cls(state)
         return None
@@ -223,7 +223,7 @@ class DevCluster:
         f = state_dir / "state.json"
         if not f.exists():
             return realnode.cleanup(state_dir) if (state_dir / "realnode").exists() else []
-        state = ClusterState.model_validate_json(f.read_text())
+        state = read_state(f)
         stopped = []
         for p in reversed(state.processes):  # dependents first, etcd last
             if procs.alive(p):
@@ -261,7 +261,21 @@ def down(state_dir: Path | None = None) -> list[str]:
 
 def status(state_dir: Path | None = None) -> ClusterState | None:
     f = (state_dir or default_state_dir()) / "state.json"
-    return ClusterState.model_validate_json(f.read_text()) if f.exists() else None
+    return read_state(f) if f.exists() else None
+
+
+def read_state(f: Path) -> ClusterState:
+    """What `up` recorded; a file that is not one is named, with what to do about it."""
+    try:
+        return ClusterState.model_validate_json(f.read_text())
+    except ValueError as exc:  # pydantic's ValidationError, bad JSON included
+        from ghostgpu.boundary import input_error
+
+        first = (str(exc).splitlines() or [""])[-2:][0].strip()
+        raise input_error(
+            f"{f}: not a devcluster state file ({first})",
+            "stop the processes it lists by hand and remove it, or give another --state-dir",
+        ) from None
 
 
 class _Starter:

@@ -27,6 +27,7 @@ from kubernetes import client
 from rich.console import Console
 from rich.table import Table
 
+from ghostgpu.boundary import BoundaryError
 from ghostgpu.devcluster.cluster import DevCluster, default_state_dir
 from ghostgpu.devcluster.fleet import (
     GPU_TOLERATION,
@@ -38,7 +39,7 @@ from ghostgpu.devcluster.fleet import (
     sh,
     the_running_pod,
 )
-from ghostgpu.devcluster.paths import REPO_ROOT
+from ghostgpu.devcluster.paths import REPO_ROOT, TESTBIN_FIX
 from ghostgpu.devcluster.realnode import REAL_NODE_GPUS, REAL_NODE_LABEL, REAL_NODE_TAINT
 
 RESEARCH, INFERENCE = "team-research", "team-inference"
@@ -52,8 +53,19 @@ JOB_NAME, JOB_GPUS = "finetune", 12
 CLUSTER_CLOCK = re.compile(r"^\[devcluster[^]]*\]\s*")  # "[devcluster   4.1s] etcd ready"
 
 
-class DemoError(Exception):
-    """A situation the demo cannot go on from; its message says what to do."""
+DEMO_FIX = (
+    "the lines above say what failed; `ghostgpu devcluster demo --keep` leaves the cluster up to "
+    "look at (docs/devcluster.md)"
+)
+
+
+class DemoError(BoundaryError):
+    """A situation the demo cannot go on from: what happened (the first line, then any log lines)
+    and what to do."""
+
+    def __init__(self, what: str, fix: str = DEMO_FIX) -> None:
+        first, *rest = what.splitlines() or [""]
+        super().__init__(f"error: devcluster demo: {first}", *rest, f"fix: {fix}")
 
 
 @dataclass(frozen=True)
@@ -424,16 +436,17 @@ def preflight() -> None:
 
     if os.geteuid() != 0:
         raise DemoError(
-            "the demo runs a real kubelet, containerd and runc (mounts, cgroups, sysctls): run it as root"
+            "the demo runs a real kubelet, containerd and runc (mounts, cgroups, sysctls): not root",
+            "run it as root",
         )
     try:
         missing = Toolchain.locate().missing()
     except FileNotFoundError as e:
-        raise DemoError(f"{e}; run hack/testbin") from e
+        raise DemoError(str(e), TESTBIN_FIX) from e
     if missing:
-        raise DemoError("devcluster binaries missing (run hack/testbin): " + ", ".join(missing))
+        raise DemoError("devcluster binaries missing: " + ", ".join(missing), TESTBIN_FIX)
     if not (REPO_ROOT / "kueue" / "kustomization.yaml").is_file():
-        raise DemoError(f"no rendered bundles in {REPO_ROOT}: run `ghostgpu render -o {REPO_ROOT}`")
+        raise DemoError(f"no rendered bundles in {REPO_ROOT}", f"run `ghostgpu render -o {REPO_ROOT}`")
 
 
 def demo_state_dir() -> Path:
@@ -448,8 +461,8 @@ def run(state_dir: Path | None, *, keep: bool, polls: int, console: Console) -> 
     state_dir = state_dir or demo_state_dir()
     if DevCluster.attach(state_dir) is not None:
         raise DemoError(
-            f"a devcluster already runs in {state_dir}: stop it with "
-            f"`ghostgpu devcluster down --state-dir {state_dir}`, or pass another --state-dir"
+            f"a devcluster already runs in {state_dir}",
+            f"stop it with `ghostgpu devcluster down --state-dir {state_dir}`, or pass another --state-dir",
         )
     t0 = time.monotonic()
     cluster: DevCluster | None = None

@@ -17,6 +17,13 @@ KUEUE_VERSION_ENV = "GHOSTGPU_KUEUE_VERSION"
 _RELEASE = re.compile(r"v\d+\.\d+\.\d+(-[0-9A-Za-z.-]+)?")
 
 
+# What to do when the binaries are not where cache_root() says (the fix line of every such error).
+TESTBIN_FIX = (
+    "run hack/testbin (as root; builds into $GHOSTGPU_CACHE, default ~/.cache/ghostgpu; about 20 "
+    "minutes cold), or point GHOSTGPU_CACHE at the directory it built into"
+)
+
+
 def cache_root() -> Path:
     return Path(os.environ.get("GHOSTGPU_CACHE", Path.home() / ".cache" / "ghostgpu"))
 

@@ -12,7 +12,13 @@ import httpx
 
 from ghostgpu import __version__
 from ghostgpu.boundary import explain, kube_api, name_endpoint
-from ghostgpu.config import ControllerConfig, GhostgpuConfig, load_config, load_default_config
+from ghostgpu.config import (
+    ControllerConfig,
+    GhostgpuConfig,
+    PrometheusConfig,
+    load_config,
+    load_default_config,
+)
 from ghostgpu.doctor import cluster_checks as cc
 from ghostgpu.doctor import prometheus_checks as pc
 from ghostgpu.doctor.rbac_checks import check_rbac
@@ -107,9 +113,13 @@ def run_doctor_command(
     import asyncio
 
     cfg = load_config(config_path) if config_path else load_default_config()
-    if prometheus_url:
-        prom = cfg.controller.prometheus.model_copy(update={"url": prometheus_url})
-        cfg = cfg.model_copy(update={"controller": cfg.controller.model_copy(update={"prometheus": prom})})
+    if prometheus_url is not None:
+        from ghostgpu.boundary import Override, validated_overrides
+
+        prom = cfg.controller.prometheus.model_dump(by_alias=True, mode="json")
+        url = Override("url", "--prometheus-url", prometheus_url)
+        checked = validated_overrides(PrometheusConfig, prom, [url])
+        cfg = cfg.model_copy(update={"controller": cfg.controller.model_copy(update={"prometheus": checked})})
     rows = asyncio.run(run_doctor(cfg, kubeconfig))
     if json_out:
         echo(as_json(rows))

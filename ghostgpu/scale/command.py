@@ -32,8 +32,19 @@ def run_scale_command(
     echo: Callable[[str], None] = print,
 ) -> int:
     if from_json_file is not None:
-        data = json.loads(from_json_file.read_text())
-        results = from_json(data)
+        text = from_json_file.read_text()  # a missing file: FileNotFoundError, named by the boundary
+        try:
+            data = json.loads(text)
+            results = from_json(data)
+            data["config"]  # read below: a file without it is not a saved run
+        except (ValueError, TypeError, KeyError, AttributeError) as exc:
+            from ghostgpu.boundary import input_error
+
+            raise input_error(
+                f"--from-json {from_json_file}: not results saved by --json-out "
+                f"({type(exc).__name__}: {exc})",
+                "give a file written by `ghostgpu bench scale --json-out FILE` (benchmarks/results/)",
+            ) from None
     else:
         cfg = BenchConfig(
             sizes=tuple(sorted(set(sizes))),

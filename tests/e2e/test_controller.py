@@ -453,6 +453,11 @@ def test_leader_killed_mid_window(
         b = Controller(devcluster.kubeconfig, cfg, tmp_path, "replica-b")
         b.wait_polls(1)
         assert b.metric("ghostgpu_leader") == 0
+        # Only the leader writes the decision log; the follower answers /decisions with it.
+        through_b = httpx.get(f"http://127.0.0.1:{b.port}/decisions", timeout=30)
+        assert through_b.status_code == 200 and through_b.content, through_b.text
+        assert a.decisions.read_bytes().startswith(through_b.content)
+        assert not b.decisions.exists() or not b.decisions.read_bytes()
         a.stop(signal.SIGKILL)  # mid-window: no graceful lease release
         killed_at = time.monotonic()
         for name in RECLAIMED:  # the idle window starts now, and only replica-b can complete it
@@ -463,6 +468,9 @@ def test_leader_killed_mid_window(
         )
         takeover = time.monotonic() - killed_at
         assert takeover < 12
+        b.wait_polls(1)
+        own = httpx.get(f"http://127.0.0.1:{b.port}/decisions", timeout=30)
+        assert own.status_code == 200 and own.content and b.decisions.read_bytes().startswith(own.content)
         reclaimed = RECLAIMED
         wait_for(lambda: all(sc.replicas(n) == 0 for n in reclaimed), 60, "ghosts scaled to 0 by replica-b")
         b.wait_polls(3)

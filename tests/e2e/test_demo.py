@@ -115,8 +115,9 @@ def test_demo_refuses_a_state_dir_whose_cluster_runs_without_touching_it(tmp_pat
             capture_output=True, text=True, cwd=REPO, timeout=60, check=False,
             env={**os.environ, "PYTHONPATH": str(REPO)},
         )  # fmt: skip
-        assert r.returncode == 1, r.stdout + r.stderr
-        assert "already runs" in r.stderr and "devcluster down --state-dir" in r.stderr
+        assert r.returncode == 2, r.stdout + r.stderr
+        assert "already runs" in r.stderr
+        assert "fix: stop it with `ghostgpu devcluster down --state-dir" in r.stderr
         assert "Traceback" not in r.stderr
         assert sleeper.poll() is None, "the running cluster's process was left alone"
     finally:

@@ -255,7 +255,7 @@ def test_cli_bad_config_and_bad_mode_exit_2(tmp_path: Path) -> None:
     out = runner.invoke(app, ["calibrate", "-c", str(bad)])
     assert out.exit_code == 2 and "controller.autonomy.weights.baseRisk" in out.output
     mode = runner.invoke(app, ["calibrate", "--per-type-ceiling", "bogus"])
-    assert mode.exit_code == 2 and "expected pooled or each" in mode.output
+    assert mode.exit_code == 2 and "--per-type-ceiling 'bogus': expected 'pooled' or 'each'" in mode.output
     each = runner.invoke(app, ["calibrate", "--per-type-ceiling", "each", "--json"])
     doc = json.loads(each.output)
     assert doc["result"]["settings"]["per_type_ceiling"] == "each"

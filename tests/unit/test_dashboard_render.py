@@ -215,5 +215,6 @@ def test_cli_redraws_saved_results_and_explains_bad_input(tmp_path: Path) -> Non
     res = CliRunner().invoke(
         app, ["dashboard", "preview", "--prometheus", "http://127.0.0.1:9", "-o", str(tmp_path / "q.png")]
     )
-    assert res.exit_code == 1 and "127.0.0.1:9" in res.output
+    assert res.exit_code == 2 and "error: Prometheus: http://127.0.0.1:9" in res.output
+    assert "fix: check that --prometheus" in res.output
     assert not (tmp_path / "q.png").exists()

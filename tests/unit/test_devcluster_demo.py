@@ -58,8 +58,9 @@ def test_not_root_is_said_before_anything_starts(monkeypatch: pytest.MonkeyPatch
     with pytest.raises(DemoError, match="run it as root"):
         preflight()
     r = CliRunner().invoke(app, ["devcluster", "demo", "--state-dir", "/nonexistent/demo"])
-    assert r.exit_code == 1
-    assert "run it as root" in r.output and "Traceback" not in r.output
+    assert r.exit_code == 2
+    assert "error: devcluster demo:" in r.output and "fix: run it as root" in r.output
+    assert "Traceback" not in r.output
 
 
 def test_missing_binaries_name_hack_testbin(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""The optional extras: a missing one is named, with its pip extra, and exits 1 without a traceback."""
+"""The optional extras: a missing one is named, with its pip extra, and exits 2 without a traceback."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ import sys
 from pathlib import Path
 
 import pytest
-import typer
 from typer.testing import CliRunner
 
+from ghostgpu.boundary import BoundaryError
 from ghostgpu.cli import app
 from ghostgpu.extras import require
 
@@ -17,13 +17,12 @@ def test_present_module_is_returned() -> None:
     assert require("json", "plot", "--plot") is sys.modules["json"]
 
 
-def test_missing_module_names_the_extra(capsys: pytest.CaptureFixture[str]) -> None:
-    with pytest.raises(typer.Exit) as exc:
+def test_missing_module_names_the_extra() -> None:
+    with pytest.raises(BoundaryError) as exc:
         require("ghostgpu_no_such_module", "plot", "--plot")
-    assert exc.value.exit_code == 1
-    err = capsys.readouterr().err
-    assert "--plot needs the 'ghostgpu_no_such_module' package" in err
-    assert "pip install 'ghostgpu[plot]'" in err
+    error, fix = exc.value.lines
+    assert error.startswith("error: --plot needs the 'ghostgpu_no_such_module' package")
+    assert fix == "fix: pip install 'ghostgpu[plot]'"
 
 
 def test_broken_dependency_of_a_present_module_is_not_hidden(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -40,14 +39,14 @@ def test_broken_dependency_of_a_present_module_is_not_hidden(monkeypatch: pytest
 def test_devcluster_without_kubernetes_client(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "kubernetes", None)  # an import of it now fails
     result = CliRunner().invoke(app, ["devcluster", "status"])
-    assert result.exit_code == 1
+    assert result.exit_code == 2
     assert "pip install 'ghostgpu[devcluster]'" in result.output
 
 
 def test_bench_scale_without_kubernetes_client(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "kubernetes", None)
     result = CliRunner().invoke(app, ["bench", "scale", "--sizes", "10"])
-    assert result.exit_code == 1
+    assert result.exit_code == 2
     assert "ghostgpu bench scale needs the 'kubernetes' package" in result.output
 
 
@@ -55,7 +54,7 @@ def test_bench_plot_without_matplotlib(monkeypatch: pytest.MonkeyPatch, tmp_path
     monkeypatch.setitem(sys.modules, "matplotlib", None)
     out = tmp_path / "window.png"
     result = CliRunner().invoke(app, ["bench", "--seeds", "1", "--instances", "20", "--plot", str(out)])
-    assert result.exit_code == 1
+    assert result.exit_code == 2
     assert "--plot needs the 'matplotlib' package" in result.output
     assert "pip install 'ghostgpu[plot]'" in result.output
     assert not out.exists()

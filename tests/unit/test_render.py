@@ -615,8 +615,9 @@ def test_cli_unwritable_output_is_a_clean_error(tmp_path: Path) -> None:
     not_a_dir = tmp_path / "file"
     not_a_dir.write_text("")
     result = runner.invoke(app, ["render", "-o", str(not_a_dir)])
-    assert result.exit_code == 1
-    assert "cannot write the bundles" in result.output
+    assert result.exit_code == 2
+    assert f"error: -o {not_a_dir}: cannot write the bundles" in result.output
+    assert "fix: give -o a directory" in result.output
 
 
 def test_service_monitor_keeps_the_workload_namespace_label() -> None:
@@ -624,3 +625,36 @@ def test_service_monitor_keeps_the_workload_namespace_label() -> None:
     monitors = [o for o in render_objects(load_default_config()) if o["kind"] == "ServiceMonitor"]
     (monitor,) = [m for m in monitors if m["metadata"]["name"] == "ghostgpu-controller"]
     assert [e.get("honorLabels") for e in monitor["spec"]["endpoints"]] == [True]
+
+
+def _state_volume(cfg_text: str) -> dict[str, Any]:
+    objs = render_objects(load_config_text(cfg_text))
+    deployment = next(
+        o for o in objs if o["kind"] == "Deployment" and o["metadata"]["name"] == "ghostgpu-controller"
+    )
+    pod = deployment["spec"]["template"]["spec"]
+    env = {e["name"]: e.get("valueFrom") for e in pod["containers"][0]["env"]}
+    assert env["POD_IP"] == {"fieldRef": {"fieldPath": "status.podIP"}}  # the leader's address (Lease)
+    return next(v for v in pod["volumes"] if v["name"] == "state")
+
+
+def test_decision_log_volume_is_an_empty_dir_or_the_named_claim() -> None:
+    assert _state_volume(THREE_RESOURCES) == {"name": "state", "emptyDir": {"sizeLimit": "256Mi"}}
+    kept = THREE_RESOURCES + "controller:\n  decisionLog: {claimName: ghostgpu-decisions}\n"
+    assert _state_volume(kept) == {
+        "name": "state",
+        "persistentVolumeClaim": {"claimName": "ghostgpu-decisions"},
+    }
+
+
+def test_a_bad_decision_log_claim_is_named_by_its_key(tmp_path: Path) -> None:
+    config = tmp_path / "ghostgpu.yaml"
+    config.write_text(THREE_RESOURCES + "controller:\n  decisionLog: {claimName: Decisions_1, size: 1Gi}\n")
+    result = runner.invoke(app, ["render", "-c", str(config), "-o", str(tmp_path / "out")])
+    assert result.exit_code == 2
+    assert (
+        f"error: {config}: controller.decisionLog.claimName: expected a PersistentVolumeClaim name"
+        in result.output
+    )
+    assert f"error: {config}: controller.decisionLog.size: unknown key" in result.output
+    assert not (tmp_path / "out").exists()

@@ -1,5 +1,6 @@
 """The NetworkPolicies of the controller bundle: the controller's port (8080) and the node agent's
-(9402) take connections only from the Prometheus namespace. Each rule is asserted with the reason
+(9402) take connections only from the Prometheus namespace, the controller's also from its own
+other replicas. Each rule is asserted with the reason
 it exists; anything not listed is refused once a policy selects the pod (NetworkPolicy semantics).
 
 The kubelet's probes need no rule: a NetworkPolicy never blocks traffic between a pod and the
@@ -37,14 +38,20 @@ def _only_from(policy: dict[str, Any]) -> tuple[list[str], list[Any]]:
     """The namespaces and ports the one ingress rule admits."""
     assert policy["spec"]["policyTypes"] == ["Ingress"]  # egress (apiserver, Prometheus, S3) stays open
     (rule,) = policy["spec"]["ingress"]  # one rule: nothing else is admitted
-    names = [
-        peer["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"] for peer in rule["from"]
-    ]
-    for peer in rule["from"]:
+    namespaces = [peer for peer in rule["from"] if peer not in _replica_peers(policy)]
+    names = [peer["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"] for peer in namespaces]
+    for peer in namespaces:
         # The namespace's name label, which the apiserver sets and no one can change; no pod
         # selector: any Prometheus pod of that namespace (replicas, shards, an agent) scrapes.
         assert set(peer) == {"namespaceSelector"} and set(peer["namespaceSelector"]) == {"matchLabels"}
     return names, [p["port"] for p in rule["ports"]]
+
+
+def _replica_peers(policy: dict[str, Any]) -> list[Any]:
+    """Peers that are the policy's own pods (a pod selector alone: this namespace only)."""
+    (rule,) = policy["spec"]["ingress"]
+    own = {"podSelector": policy["spec"]["podSelector"]}
+    return [peer for peer in rule["from"] if peer == own]
 
 
 def test_the_controllers_port_is_open_to_the_prometheus_namespace_only() -> None:
@@ -54,6 +61,9 @@ def test_the_controllers_port_is_open_to_the_prometheus_namespace_only() -> None
     # (node-local, always allowed); /decisions is read through `kubectl port-forward` (the pod's
     # own loopback, no policy applies) or from a pod of the Prometheus namespace.
     assert _only_from(p) == (["monitoring"], ["http"])
+    # ... and the controller's other replicas: a follower answers /decisions with the leader's log,
+    # fetched from the leader's pod (books/leader_decisions.py).
+    assert len(_replica_peers(p)) == 1
 
 
 def test_the_agents_port_is_open_to_the_prometheus_namespace_only() -> None:
@@ -61,6 +71,7 @@ def test_the_agents_port_is_open_to_the_prometheus_namespace_only() -> None:
     assert p["spec"]["podSelector"] == {"matchLabels": {"app.kubernetes.io/name": "ghostgpu-agent"}}
     # /metrics names every GPU container's namespace, pod, uid and programs: only Prometheus reads it.
     assert _only_from(p) == (["monitoring"], ["agent-metrics"])
+    assert _replica_peers(p) == []  # agents never talk to each other
 
 
 def test_exec_mode_renders_the_controllers_policy_only() -> None:

@@ -1,8 +1,10 @@
 """The decision log and `ghostgpu report`.
 
 Where history lives: the acting replica (the leader) writes `--decision-log` (default
-/var/lib/ghostgpu/decisions.jsonl; mount a volume to keep it across restarts) and serves the same file
-at GET /decisions on its metrics port. `ghostgpu report` reads a file or that URL.
+/var/lib/ghostgpu/decisions.jsonl, on the volume `controller.decisionLog` names: kept across restarts
+with a PersistentVolumeClaim) and serves the same file at GET /decisions on its metrics port; every
+other replica answers that URL with the leader's file (books/leader_decisions.py). `ghostgpu report`
+reads a file or that URL.
 
 The file is run-length JSONL. Once per poll the leader calls `DecisionLog.record_poll` with every
 judged workload's row and writes, in one write + fsync, a poll marker first and then only what changed:
@@ -284,10 +286,18 @@ def parse_record(line: str) -> Record | None:
     return None
 
 
+class DecisionLogError(ValueError):
+    """A line that is not a decision record: its number and what is wrong with it."""
+
+
 def parse_lines(lines: Iterable[str]) -> Iterator[Record]:
-    for line in lines:
+    for number, line in enumerate(lines, 1):
         if line.strip():
-            rec = parse_record(line)
+            try:
+                rec = parse_record(line)
+            except (ValueError, KeyError, TypeError, AttributeError) as exc:
+                what = (str(exc).splitlines() or [type(exc).__name__])[0][:200]
+                raise DecisionLogError(f"line {number}: not a decision record ({what})") from None
             if rec is not None:
                 yield rec
 
