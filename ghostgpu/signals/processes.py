@@ -44,6 +44,11 @@ class MalformedListing(ValueError):
     pass
 
 
+# procps computes etimes as uptime minus start time, both rounded, in an unsigned long: a process
+# started within the current clock tick reads as about 2**32 seconds old.
+_WRAPPED_ELAPSED = 2**31
+
+
 def parse_ps(text: str, *, scope: str = "") -> tuple[ProcessInfo, ...]:
     """Parse the output of one of `LISTING_ARGVS` (header first); drops the probes' own processes.
 
@@ -79,6 +84,8 @@ def parse_ps(text: str, *, scope: str = "") -> tuple[ProcessInfo, ...]:
             if not parts[3].isdigit():
                 raise MalformedListing(f"line {lineno}: elapsed seconds not an integer: {line[:80]!r}")
             elapsed = int(parts[3])
+            if elapsed >= _WRAPPED_ELAPSED:  # procps: a process younger than a clock tick wraps below 0
+                elapsed = 0
         pid, ppid = int(pid_s), int(ppid_s)
         if pid != 1 and ppid == 0 and program_of(command)[0] in _PROBES:
             continue

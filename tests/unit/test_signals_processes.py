@@ -134,6 +134,12 @@ def test_the_real_procps_listing_parses_and_shows_a_timer() -> None:
     assert mine.command == "sleep 3600" and mine.elapsed_s is not None and mine.elapsed_s < 60
 
 
+def test_an_elapsed_time_procps_wrapped_reads_as_just_started() -> None:
+    listing = "PID PPID STAT ELAPSED COMMAND\n7 1 S 4123168608 sleep 3600\n"
+    (p,) = parse_ps(listing)
+    assert p.elapsed_s == 0
+
+
 def test_the_real_busybox_listing_parses_and_shows_a_timer() -> None:
     import shutil
     import subprocess
