@@ -296,7 +296,9 @@ def restore(
     try:
         parse_target(target, namespace, table)
     except RestoreError as exc:
-        raise input_error(str(exc), "give KIND/NAME, e.g. deployment/notebook-7") from None
+        raise input_error(
+            str(exc), "give KIND/NAME (deployment/notebook-7), or KIND.GROUP/NAME for a kind two groups name"
+        ) from None
     try:
         done = asyncio.run(
             do_restore(target, namespace, kubeconfig=kubeconfig, ledger_namespace=ctrl.namespace, table=table)

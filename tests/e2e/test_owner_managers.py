@@ -773,7 +773,7 @@ async def test_a_volcano_job_is_stopped_by_a_command_and_a_batch_job_of_its_name
         assert user_view(stopped) == before, "the stop writes nothing on the Job but its record"
         assert events(devcluster, ns, name, "Reclaimed", "Job") == 1
         out = restore(devcluster, f"job/{name}", ns)
-        assert out.returncode == 1 and "job.batch.volcano.sh/train" in out.stderr, out.stderr
+        assert out.returncode == 2 and "job.batch.volcano.sh/train" in out.stderr, out.stderr  # bad input
         out = restore(devcluster, f"job.batch.volcano.sh/{name}", ns)
         assert out.returncode == 0, out.stderr
         wait_for(lambda: not a.is_stopped(get_object(devcluster, "Job", ns, name)), 30, "the Job resumed")
