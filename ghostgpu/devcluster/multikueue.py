@@ -65,8 +65,16 @@ def manager_objects(check: str, workers: Sequence[str]) -> list[dict[str, Any]]:
     ]
 
 
-def manager_kueue_overrides(gc_interval: str = "5s", dispatcher: str = ALL_AT_ONCE) -> dict[str, Any]:
-    """The manager's `multiKueue` section, merged into the rendered Configuration: how often the
-    remote objects whose manager Workload is gone are collected, the origin label's value, and
-    the dispatcher."""
-    return {"multiKueue": {"gcInterval": gc_interval, "origin": ORIGIN, "dispatcherName": dispatcher}}
+def manager_kueue_overrides(
+    gc_interval: str = "5s", dispatcher: str = ALL_AT_ONCE, frameworks: Sequence[str] = ("batch/job",)
+) -> dict[str, Any]:
+    """Merged into the manager's rendered Configuration: the `multiKueue` section (how often the
+    remote objects whose manager Workload is gone are collected, the origin label's value, the
+    dispatcher) and the integrations' frameworks. The manager watches, in each worker, the kind
+    of every enabled framework that MultiKueue can dispatch; a worker without that kind's CRD
+    stays inactive ("ClientConnectionFailed: no matches for kind PyTorchJob"), so the manager
+    enables only the kinds every worker has (the rendered list names Kubeflow, Ray, JobSet...)."""
+    return {
+        "multiKueue": {"gcInterval": gc_interval, "origin": ORIGIN, "dispatcherName": dispatcher},
+        "integrations": {"frameworks": list(frameworks)},
+    }

@@ -80,6 +80,7 @@ def test_the_managers_configuration_keeps_the_rendered_one_and_adds_multikueue()
     base = {"waitForPodsReady": {"timeout": "10m", "blockAdmission": True}, "namespace": "kueue-system"}
     out = merge_overrides(base, mk.manager_kueue_overrides("3s", mk.INCREMENTAL))
     assert out["waitForPodsReady"] == base["waitForPodsReady"]
+    assert out["integrations"] == {"frameworks": ["batch/job"]}  # only kinds every worker has
     assert out["multiKueue"] == {
         "gcInterval": "3s",
         "origin": "multikueue",
