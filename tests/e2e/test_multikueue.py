@@ -47,6 +47,7 @@ WORKERS = ("worker-1", "worker-2")
 GPU_NODE = "gpu-h100-0"
 H100 = {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
 PLACEHOLDERS = "ghostgpu.io/reservation=true"
+EVICTIONS = "ghostgpu_reservation_evictions_total"  # reason InClusterQueue: priority preemption
 NEEDED = ["etcd", "kube_apiserver", "kube_controller_manager", "kube_scheduler", "kwok", "kueue"]
 
 
@@ -361,7 +362,7 @@ def test_a_higher_priority_job_sent_to_both_workers(fleet: Fleet, controllers: d
     still holds. Measured: where it lands, the placeholder's evictions, refused pods."""
     w1, w2 = fleet.workers["worker-1"], fleet.workers["worker-2"]
     first = wait_for(lambda: _reserved(w1), 60, "worker 1's placeholder")
-    evicted_before = controllers["worker-1"].metric("ghostgpu_reservation_evictions_total")
+    evicted_before = controllers["worker-1"].metric(EVICTIONS, reason="InClusterQueue")
     try:
         sent = fleet.job("urgent", priority_class="production")
         wait_for(lambda: fleet.placed_on("urgent") is not None, 90, "the production Job placed")
@@ -370,7 +371,7 @@ def test_a_higher_priority_job_sent_to_both_workers(fleet: Fleet, controllers: d
         wait_for(lambda: [p for p in winner.job_pods("urgent") if p.spec.node_name or w1.refused("urgent")],
                  60, "its pod scheduled or refused")  # fmt: skip
         controllers["worker-1"].wait_polls(2)
-        evictions = controllers["worker-1"].metric("ghostgpu_reservation_evictions_total") - evicted_before
+        evictions = controllers["worker-1"].metric(EVICTIONS, reason="InClusterQueue") - evicted_before
         again = wait_for(lambda: _reserved(w1), 60, "worker 1's placeholder admitted again")
         print(
             f"production Job: placed on {placed} {took:.1f}s after it was created; placeholder evictions on "
@@ -393,7 +394,7 @@ def test_a_higher_priority_job_with_worker_2_full_preempts_the_placeholder_and_p
     the Job onto GPUs the ghost still holds: its pod is refused. Shown and measured."""
     w1, w2 = fleet.workers["worker-1"], fleet.workers["worker-2"]
     wait_for(lambda: _reserved(w1), 60, "worker 1's placeholder")
-    evicted_before = controllers["worker-1"].metric("ghostgpu_reservation_evictions_total")
+    evicted_before = controllers["worker-1"].metric(EVICTIONS, reason="InClusterQueue")
     w2.hold(True)  # worker 2 takes nothing: as if it were full
     try:
         sent = fleet.job("urgent-held", priority_class="production")
@@ -402,7 +403,7 @@ def test_a_higher_priority_job_with_worker_2_full_preempts_the_placeholder_and_p
         )
         took = time.monotonic() - sent
         wait_for(lambda: w1.refused("urgent-held"), 60, "worker 1's scheduler to refuse its pod")
-        evictions = controllers["worker-1"].metric("ghostgpu_reservation_evictions_total") - evicted_before
+        evictions = controllers["worker-1"].metric(EVICTIONS, reason="InClusterQueue") - evicted_before
         print(
             f"production Job, worker-2 held: placed on worker-1 {took:.1f}s after it was created, its pod "
             f"refused; placeholder evictions on worker-1: {evictions:g}; placeholders now: "
