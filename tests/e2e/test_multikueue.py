@@ -4,6 +4,10 @@ devcluster goes). The manager's ClusterQueue requires a MultiKueue AdmissionChec
 workers (AllAtOnce: the first worker whose Kueue admits a copy wins); each worker has one kwok node
 of 8 H100s and a ClusterQueue of 8 (the rendered preemption: withinClusterQueue LowerPriority).
 
+On the manager (which has a kwok GPU node too) a hand-made placeholder in the MultiKueue
+ClusterQueue is rejected by Kueue and deactivated; the controller against the manager, with a ghost
+there, writes none (the guard), and `ghostgpu status`/`doctor` say why.
+
 A ghost (a GPU Deployment outside Kueue) holds all 8 of worker 1's GPUs.
 - Without reservation: worker 1's Kueue admits an 8-GPU Job's copy on quota, wins, and the pod
   cannot be scheduled.
@@ -21,18 +25,23 @@ worker 1. Times are printed (pytest -s) for docs/reservation.md."""
 from __future__ import annotations
 
 import contextlib
+import json
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 from kubernetes import client
 from reservation_config import reservation_section
-from test_controller import LEASE_NS, Controller, wait_for
+from test_controller import LEASE_NS, REPO, Controller, wait_for
 
+from ghostgpu.controller.books.reservation import Reservation, placeholder_object
 from ghostgpu.devcluster import DevCluster, GpuNodeSpec
 from ghostgpu.devcluster import multikueue as mk
 from ghostgpu.devcluster.paths import Toolchain
@@ -192,7 +201,8 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     node = GpuNodeSpec(name=GPU_NODE, gpus=8, labels=H100)
     light = {"addons": ("kueue",), "real_node": False, "extra_crds": False}
     specs = {
-        "manager": {"nodes": [], "kueue_overrides": mk.manager_kueue_overrides("5s"), **light},
+        # The manager has a GPU node too: a ghost there shows the reservation's guard.
+        "manager": {"nodes": [node], "kueue_overrides": mk.manager_kueue_overrides("5s"), **light},
         **{w: {"nodes": [node], **light} for w in WORKERS},
     }
     started: dict[str, DevCluster] = {}
@@ -214,7 +224,8 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
         workers = {w: Cluster(w, started[w]) for w in WORKERS}
         for w in workers.values():
             w.apply(*_team_objects(8, H100))
-            w.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": LEASE_NS}})
+        for c in (manager, *workers.values()):
+            c.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": LEASE_NS}})
         for w in WORKERS:
             manager.apply(*mk.worker_objects(w, started[w].embedded_kubeconfig()))
         manager.apply(*mk.manager_objects(CHECK, list(WORKERS)), *_team_objects(16, H100, [CHECK]))
@@ -258,12 +269,9 @@ def ghost(fleet: Fleet) -> str:
 def controllers(
     fleet: Fleet, ghost: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[dict[str, Controller]]:
-    """ghostgpu's controller against each worker (reservation enforce; mode shadow: it reclaims
-    nothing itself, and no Prometheus runs here, so every verdict is UNKNOWN: held, reserved)."""
+    """ghostgpu's controller against each worker (_controller_config)."""
     tmp = tmp_path_factory.mktemp("controllers")
-    cfg = reservation_section("http://127.0.0.1:9", queue=QUEUE, poll_s=POLL, mode="shadow")
-    path = tmp / "controller.yaml"
-    path.write_text(yaml.safe_dump(cfg))
+    path = _controller_config(tmp)
     ctls = {w: Controller(fleet.workers[w].dc.kubeconfig, path, tmp, w) for w in WORKERS}
     try:
         yield ctls
@@ -279,7 +287,107 @@ def _reserved(w: Cluster) -> dict[str, Any] | None:
     return phs[0] if ready else None
 
 
-def test_without_reservation_the_job_lands_on_the_held_worker_and_pends(fleet: Fleet, ghost: str) -> None:
+def _controller_config(tmp: Path) -> Path:
+    """The controllers' config: reservation enforce, mode shadow (it reclaims nothing itself, and
+    no Prometheus runs here, so every verdict is UNKNOWN: held, reserved), poll 2 s."""
+    path = tmp / "controller.yaml"
+    cfg = reservation_section("http://127.0.0.1:9", queue=QUEUE, poll_s=POLL, mode="shadow")
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def _status(c: Cluster, cfg: Path) -> list[dict[str, Any]]:
+    """`ghostgpu status --json` on cluster c, with the controllers' config (its reservationQueue)."""
+    out = subprocess.run(
+        [sys.executable, "-m", "ghostgpu.cli", "status", "--json", "--kubeconfig", str(c.dc.kubeconfig),
+         "--config", cfg],
+        capture_output=True, text=True, check=True, cwd=REPO,
+    )  # fmt: skip
+    return json.loads(out.stdout)
+
+
+def _doctor_row(c: Cluster) -> dict[str, str]:
+    """`ghostgpu doctor --json`'s row `kueue: MultiKueue` on cluster c, with the example config but
+    the reservation on and this test's queue (the other rows fail here: no Kyverno, no Prometheus)."""
+    cfg = yaml.safe_load((REPO / "examples" / "ghostgpu.yaml").read_text())
+    cfg["controller"].update(reservation="enforce", reservationQueue=QUEUE)
+    path = Path(c.dc.state_dir) / "doctor-ghostgpu.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    out = subprocess.run(
+        [sys.executable, "-m", "ghostgpu.cli", "doctor", "--json", "-c", str(path),
+         "--kubeconfig", str(c.dc.kubeconfig), "--prometheus-url", "http://127.0.0.1:9"],
+        capture_output=True, text=True, check=False, cwd=REPO,
+    )  # fmt: skip
+    rows = {r["check"]: r for r in json.loads(out.stdout)}
+    return rows["kueue: MultiKueue"]
+
+
+def test_on_the_manager_kueue_rejects_a_placeholder_and_the_controller_writes_none(
+    fleet: Fleet, tmp_path: Path
+) -> None:
+    """Why the guard: a placeholder in the manager's MultiKueue ClusterQueue is rejected by Kueue
+    (no MultiKueue adapter for an owner-less Workload) and deactivated. With the guard the
+    controller, against the manager with a ghost there, writes none; status and doctor say why."""
+    m = fleet.manager
+    labels = {"app": "ghost-m", "ghostgpu.io/tracked": "true"}
+    m.apply({
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": "ghost-m", "namespace": NS, "labels": labels},
+        "spec": {"replicas": 1, "selector": {"matchLabels": {"app": "ghost-m"}}, "template": {
+            "metadata": {"labels": labels},
+            "spec": {"nodeSelector": H100, "containers": [{"name": "serve", "image": "server:latest",
+                     "resources": {"limits": {"nvidia.com/gpu": "2"}}}]}}},
+    })  # fmt: skip
+    wait_for(
+        lambda: [p for p in m.core.list_namespaced_pod(NS, label_selector="app=ghost-m").items
+                 if p.status.phase == "Running"],
+        90, "the manager's ghost running",
+    )  # fmt: skip
+    hand_made = placeholder_object(
+        Reservation(NS, "deployment/ghost-m", FLAVOR, "nvidia.com/gpu", 2, CQ, QUEUE, "team-a"), H100
+    )
+    t0 = time.monotonic()
+    m.apply(hand_made)
+    name = hand_made["metadata"]["name"]
+
+    def rejected() -> str | None:
+        w = m.co.get_namespaced_custom_object(*KUEUE, NS, "workloads", name)
+        checks = (w.get("status") or {}).get("admissionChecks") or []
+        done = (w.get("spec") or {}).get("active") is False and any(
+            c.get("state") == "Rejected" for c in checks
+        )
+        return "; ".join(str(c.get("message")) for c in checks) if done else None
+
+    why = wait_for(rejected, 60, "Kueue to reject and deactivate the hand-made placeholder")
+    print(f"manager: a placeholder in the MultiKueue ClusterQueue rejected and deactivated after "
+          f"{time.monotonic() - t0:.1f}s: {why}")  # fmt: skip
+    assert "multikueue adapter" in why.lower()
+    m.dc.kube.delete(API, "Workload", name, NS)
+
+    path = _controller_config(tmp_path)
+    ctl = Controller(m.dc.kubeconfig, path, tmp_path, "manager")
+    try:
+        ctl.wait_polls(3)
+        assert m.placeholders() == {}, "no placeholder in the MultiKueue ClusterQueue"
+        assert '"msg":"reservation skips ClusterQueues"' in ctl.log_path.read_text()
+        [h100] = [a for a in _status(m, path) if a["flavor"] == FLAVOR]
+        assert (
+            list(h100["reservationSkipped"]) == [CQ]
+            and "MultiKueue AdmissionCheck mk" in h100["reservationSkipped"][CQ]
+        )
+        assert h100["heldOutsideKueue"] == 2 and h100["reservationDesired"] == 0
+        row = _doctor_row(m)
+        # The reservation is on and team-a's reservationQueue leads to the MultiKueue ClusterQueue.
+        assert row["status"] == "warn" and f"manager: ClusterQueues {CQ}" in row["found"], row
+    finally:
+        ctl.stop()
+        m.dc.kube.delete("apps/v1", "Deployment", "ghost-m", NS)
+        m.core.delete_collection_namespaced_pod(NS, label_selector="app=ghost-m", grace_period_seconds=0)
+
+
+def test_without_reservation_the_job_lands_on_the_held_worker_and_pends(
+    fleet: Fleet, ghost: str, tmp_path: Path
+) -> None:
     w1, w2 = fleet.workers["worker-1"], fleet.workers["worker-2"]
     w2.hold(True)  # the race between two workers that both look free goes to worker 1
     try:
@@ -290,6 +398,13 @@ def test_without_reservation_the_job_lands_on_the_held_worker_and_pends(fleet: F
         [pod] = w1.job_pods("unreserved")
         assert pod.spec.node_name is None and pod.status.phase == "Pending", "admitted, yet it cannot run"
         assert w1.placeholders() == {}
+        # What status and doctor see on a worker: the Workload a manager sent, admitted here.
+        [h100] = [a for a in _status(w1, _controller_config(tmp_path)) if a["flavor"] == FLAVOR]
+        assert h100["multiKueueWorkloads"] == 1 and h100["reservationSkipped"] == {}
+        assert h100["heldOutsideKueue"] == 8 and h100["kueueAdmitted"] == 8  # the gap
+        row = _doctor_row(w1)
+        assert row["status"] == "ok", row
+        assert "worker: 1 Workloads sent by a manager of origin multikueue" in row["found"]
     finally:
         fleet.delete_job("unreserved")
         w2.hold(False)
