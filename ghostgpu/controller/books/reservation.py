@@ -158,9 +158,7 @@ def desired_reservations(
     GPUs on nodes of no flavor of that ClusterQueue are not in its quota and reserve nothing.
     `untracked`: holder -> GPU pods no tracked workload accounts for (untracked.untracked_holders,
     Kueue's own pods left out already), reserved the same way under their holder's name.
-    Fractional counts round up (a quota is counted in whole GPUs).
-    `skip`: ClusterQueues that get no placeholder (multikueue.skipped_queues: a MultiKueue
-    manager's, which sends its Workloads to worker clusters); what is held there reserves nothing."""
+    Fractional counts round up (whole GPUs). `skip`: ClusterQueues that get no placeholder (multikueue.py)."""
     node_flavor_names = {
         str((n.get("metadata") or {}).get("name", "")): [f for f in node_flavors_of(n, flavors)]
         for n in nodes
@@ -419,8 +417,7 @@ def desired_from(
     skip: Collection[str] = (),
 ) -> list[Reservation]:
     """desired_reservations over a reconciler.Snapshot and the listed Kueue objects; `pods_of` and
-    `untracked`: the poll's (PollResult.pods_of, books.untracked_of), else computed here; `skip`:
-    ClusterQueues that get no placeholder (multikueue.skipped_queues)."""
+    `untracked`: the poll's (PollResult.pods_of, books.untracked_of), else computed here."""
     if pods_of is None:
         from ghostgpu.controller.inventory import pods_by_workload
 
