@@ -138,12 +138,19 @@ class DevCluster:
     def unscrape(self, name: str) -> None:
         (self.state_dir / SCRAPE_TARGETS_DIR / f"{name}.json").unlink(missing_ok=True)
 
-    def restart_kueue(self, overrides: Mapping[str, Any] | None = None, timeout: float = 120) -> float:
+    def restart_kueue(
+        self,
+        overrides: Mapping[str, Any] | None = None,
+        timeout: float = 120,
+        feature_gates: Mapping[str, bool] | None = None,
+    ) -> float:
         """Restart the Kueue manager with its Configuration (kueue-config.yaml in the state dir, as
         started) merged with `overrides` (nested mappings merge, None removes a key, anything else
         replaces); None restores the Configuration it started with. Kueue reads its Configuration
         only at start, so a test that needs another one (waitForPodsReady, fairSharing) restarts the
-        manager instead of a whole cluster. Returns the seconds until /readyz answered."""
+        manager instead of a whole cluster. `feature_gates`: the extra gates of its --feature-gates
+        flag from now on (None keeps the flag as it runs; {} the devcluster's own gates only).
+        Returns the seconds until /readyz answered."""
         if "kueue" not in self.state.addons:
             raise RuntimeError("this devcluster runs without Kueue")
         started = self.state_dir / "kueue-config.yaml"
@@ -157,6 +164,9 @@ class DevCluster:
             raise RuntimeError(f"kueue (pid {old.pid}) is not running; log tail:\n{procs.tail(old.log)}")
         # The record keeps argv[0] only: the running manager's own command line is the one to repeat.
         argv = [a.decode() for a in Path(f"/proc/{old.pid}/cmdline").read_bytes().split(b"\0") if a]
+        if feature_gates is not None:
+            flag = components.kueue_feature_gates_flag(dict(feature_gates))
+            argv = [flag if a.startswith("--feature-gates=") else a for a in argv]
         t0 = time.monotonic()
         procs.stop(old)
         rec = procs.start("kueue", argv, self.state_dir / "logs", cwd=self.state_dir)

@@ -399,9 +399,15 @@ def test_without_reservation_the_job_lands_on_the_held_worker_and_pends(
         assert pod.spec.node_name is None and pod.status.phase == "Pending", "admitted, yet it cannot run"
         assert w1.placeholders() == {}
         # What status and doctor see on a worker: the Workload a manager sent, admitted here.
-        [h100] = [a for a in _status(w1, _controller_config(tmp_path)) if a["flavor"] == FLAVOR]
-        assert h100["multiKueueWorkloads"] == 1 and h100["reservationSkipped"] == {}
-        assert h100["heldOutsideKueue"] == 8 and h100["kueueAdmitted"] == 8  # the gap
+        cfg = _controller_config(tmp_path)
+
+        def h100() -> dict[str, Any] | None:  # once Kueue's ClusterQueue status counts the copy
+            [acc] = [a for a in _status(w1, cfg) if a["flavor"] == FLAVOR]
+            return acc if acc["kueueAdmitted"] == 8 else None
+
+        acc = wait_for(h100, 30, "status to show the copy admitted on worker 1")
+        assert acc["multiKueueWorkloads"] == 1 and acc["reservationSkipped"] == {}
+        assert acc["heldOutsideKueue"] == 8  # and admitted 8: the gap the reservation closes
         row = _doctor_row(w1)
         assert row["status"] == "ok", row
         assert "worker: 1 Workloads sent by a manager of origin multikueue" in row["found"]
@@ -474,7 +480,8 @@ def test_placeholders_survive_the_managers_garbage_collection(
 def test_a_higher_priority_job_sent_to_both_workers(fleet: Fleet, controllers: dict[str, Controller]) -> None:
     """Kueue's priority preemption on worker 1 (withinClusterQueue: LowerPriority): its copy of a
     production Job may preempt the placeholder, and worker 1 may then admit it onto GPUs the ghost
-    still holds. Measured: where it lands, the placeholder's evictions, refused pods."""
+    still holds. Measured: where it lands, the placeholder's evictions, refused pods, whether the
+    placeholder was back while the Job ran."""
     w1, w2 = fleet.workers["worker-1"], fleet.workers["worker-2"]
     first = wait_for(lambda: _reserved(w1), 60, "worker 1's placeholder")
     evicted_before = controllers["worker-1"].metric(EVICTIONS, reason="InClusterQueue")
@@ -483,21 +490,29 @@ def test_a_higher_priority_job_sent_to_both_workers(fleet: Fleet, controllers: d
         wait_for(lambda: fleet.placed_on("urgent") is not None, 90, "the production Job placed")
         placed, took = fleet.placed_on("urgent"), time.monotonic() - sent
         winner = fleet.workers[str(placed)]
-        wait_for(lambda: [p for p in winner.job_pods("urgent") if p.spec.node_name or w1.refused("urgent")],
-                 60, "its pod scheduled or refused")  # fmt: skip
+        wait_for(
+            lambda: [p for p in winner.job_pods("urgent") if p.spec.node_name] or w1.refused("urgent"),
+            60,
+            "its pod scheduled or refused",
+        )
         controllers["worker-1"].wait_polls(2)
         evictions = controllers["worker-1"].metric(EVICTIONS, reason="InClusterQueue") - evicted_before
-        again = wait_for(lambda: _reserved(w1), 60, "worker 1's placeholder admitted again")
+        back = _reserved(w1)
         print(
             f"production Job: placed on {placed} {took:.1f}s after it was created; placeholder evictions on "
             f"worker-1: {evictions:g}; refused pods: worker-1 {w1.refused('urgent')}, "
-            f"worker-2 {w2.refused('urgent')}; "
-            f"placeholder replaced: {again['uid'] != first['uid']}"
+            f"worker-2 {w2.refused('urgent')}; placeholder admitted again 2 polls later: {back is not None}"
         )
         assert placed == "worker-2", "worker 2 has the room: it wins"
         assert w2.refused("urgent") == [] and w1.refused("urgent") == []
     finally:
         fleet.delete_job("urgent")
+    gone = time.monotonic()
+    again = wait_for(lambda: _reserved(w1), 60, "worker 1's placeholder admitted again")
+    print(
+        f"production Job gone: placeholder admitted {time.monotonic() - gone:.1f}s later, "
+        f"replaced: {again['uid'] != first['uid']}"
+    )
 
 
 def test_a_higher_priority_job_with_worker_2_full_preempts_the_placeholder_and_pends(
@@ -532,6 +547,47 @@ def test_a_higher_priority_job_with_worker_2_full_preempts_the_placeholder_and_p
     t0 = time.monotonic()
     wait_for(lambda: _reserved(w1), 60, "worker 1's placeholder admitted again")
     print(f"placeholder admitted again {time.monotonic() - t0:.1f}s after the production Job was gone")
+
+
+def _restart_kueues(fleet: Fleet, gates: dict[str, bool]) -> list[float]:
+    """Every cluster's Kueue restarted with these extra feature gates; waits until MultiKueue is
+    connected again. Returns the seconds each restart took."""
+    took = [c.dc.restart_kueue(feature_gates=gates) for c in (fleet.manager, *fleet.workers.values())]
+    for w in WORKERS:
+        wait_for(
+            lambda w=w: _active(fleet.manager, "multikueueclusters", w), 90, f"MultiKueueCluster {w} Active"
+        )
+    wait_for(lambda: _active(fleet.manager, "clusterqueues", CQ), 60, "the manager's ClusterQueue Active")
+    return took
+
+
+def test_orchestrated_preemption_spares_the_placeholder_when_another_worker_has_room(
+    fleet: Fleet, controllers: dict[str, Controller]
+) -> None:
+    """Kueue's MultiKueueOrchestratedPreemption gate (alpha from v0.17), passed on each Kueue's
+    command line: the copies carry a preemption gate the manager opens one worker at a time, so a
+    production Job that worker 2 admits without preempting leaves worker 1's placeholder alone."""
+    w1 = fleet.workers["worker-1"]
+    took = _restart_kueues(fleet, {"MultiKueueOrchestratedPreemption": True})
+    try:
+        first = wait_for(lambda: _reserved(w1), 60, "worker 1's placeholder")
+        evicted_before = controllers["worker-1"].metric(EVICTIONS, reason="InClusterQueue")
+        sent = fleet.job("urgent-gated", priority_class="production")
+        wait_for(lambda: fleet.placed_on("urgent-gated") is not None, 90, "the production Job placed")
+        placed, after = fleet.placed_on("urgent-gated"), time.monotonic() - sent
+        controllers["worker-1"].wait_polls(2)
+        evictions = controllers["worker-1"].metric(EVICTIONS, reason="InClusterQueue") - evicted_before
+        now = _reserved(w1)
+        print(
+            f"orchestrated preemption (Kueue restarted in {max(took):.1f}s at most): placed on {placed} "
+            f"{after:.1f}s after it was created; placeholder evictions on worker-1: {evictions:g}; "
+            f"the same placeholder: {bool(now) and now['uid'] == first['uid']}"
+        )
+        assert placed == "worker-2" and evictions == 0
+        assert now is not None and now["uid"] == first["uid"], "never preempted"
+    finally:
+        fleet.delete_job("urgent-gated")
+        _restart_kueues(fleet, {})
 
 
 def test_the_ghost_reclaimed_worker_1_admits_again_within_a_poll(
