@@ -159,7 +159,27 @@ def status(
             f"{a.kueue_believes_free:g}",
             f"{a.gap:g}" if a.free_known else "?",
         )
-    Console().print(table)
+    console = Console()
+    console.print(table)
+    for line in multikueue_lines(accounts):
+        console.print(line, highlight=False, soft_wrap=True)
+
+
+def multikueue_lines(accounts: Any) -> list[str]:
+    """What `status` sees of MultiKueue: on a manager, the ClusterQueues the reservation skips and
+    why; on a worker, the Workloads a manager sent that Kueue admitted here."""
+    skipped: dict[str, str] = {}
+    for a in accounts:
+        skipped.update(a.reservation_skipped)
+    lines = [f"reservation skips ClusterQueue {cq}: {why}" for cq, why in sorted(skipped.items())]
+    sent = {a.flavor: a.multikueue_workloads for a in accounts if a.multikueue_workloads}
+    if sent:
+        per = ", ".join(f"{n} on {flavor}" for flavor, n in sorted(sent.items()))
+        lines.append(
+            f"MultiKueue worker: Workloads a manager sent, admitted here: {per} (the reservation "
+            "counts in this cluster's ClusterQueues as usual)"
+        )
+    return lines
 
 
 def _status_by_owner(loaded: Any, kubeconfig: str | None, as_json: bool) -> None:

@@ -355,25 +355,38 @@ async def _dra_capacity(cluster: Cluster, flavors: list[FlavorSpec], nodes: list
 async def _fill_reservations(
     cluster: Cluster, loaded: LoadedConfig, flavors: list[FlavorSpec], snap: Snapshot, cqs: Any, accounts: Any
 ) -> None:
-    """What the reservation counts (controller.reservation) and what Kueue admitted of it."""
+    """What the reservation counts (controller.reservation) and what Kueue admitted of it; which
+    ClusterQueues it skips (a MultiKueue manager's) and what a MultiKueue manager sent here."""
+    from ghostgpu.controller.books import multikueue
     from ghostgpu.controller.books.reservation import (
         LOCALQUEUES,
         RESERVATION_LABEL,
         WORKLOADS,
         Placeholder,
         admitted_by_flavor,
+        cq_flavors,
         desired_from,
         fill_accounts,
     )
 
     try:
         lqs = await cluster.list(LOCALQUEUES)
-        placeholders = [
-            Placeholder.from_object(w)
-            for w in await cluster.list(WORKLOADS)
-            if ((w.get("metadata") or {}).get("labels") or {}).get(RESERVATION_LABEL) == "true"
-        ]
+        workloads = await cluster.list(WORKLOADS)
     except Exception:
         return  # no Kueue: nothing reserved
-    desired = desired_from(flavors, snap, cqs, lqs, local_queue=loaded.controller.reservation_queue)
+    placeholders = [
+        Placeholder.from_object(w)
+        for w in workloads
+        if ((w.get("metadata") or {}).get("labels") or {}).get(RESERVATION_LABEL) == "true"
+    ]
+    skipped: dict[str, str] = {}
+    if multikueue.needs_admission_checks(cqs):
+        try:
+            skipped = multikueue.skipped_queues(cqs, await cluster.list(multikueue.ADMISSIONCHECKS))
+        except Exception as exc:  # as the controller does: unreadable checks skip their queues
+            skipped = multikueue.skipped_queues(cqs, None, unreadable=f"{type(exc).__name__}: {exc}"[:200])
+    desired = desired_from(
+        flavors, snap, cqs, lqs, local_queue=loaded.controller.reservation_queue, skip=skipped
+    )
     fill_accounts(accounts, desired, admitted_by_flavor(placeholders))
+    multikueue.fill_accounts(accounts, skipped, cq_flavors(cqs), workloads)

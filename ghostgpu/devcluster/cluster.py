@@ -39,6 +39,8 @@ from ghostgpu.devcluster.nodes import (
 from ghostgpu.devcluster.paths import REPO_ROOT, Toolchain, cache_root
 
 ALL_ADDONS = ("kueue", "kyverno", "prometheus")
+# CRDs of kinds no controller in the devcluster runs (DevCluster.up's extra_crds).
+EXTRA_CRD_DIRS = ["monitoring_crd_dir", "argocd_crd_dir", "flux_crd_dir", "owner_crd_dir"]
 # The Kueue manager runs the Configuration the project renders (kueue/ bundle), when present.
 RENDERED_KUEUE_CONFIG = REPO_ROOT / "kueue" / "kueue-manager-config.yaml"
 KUEUE_METRICS_CERT_DIR = Path("/etc/kueue/metrics/certs")
@@ -107,6 +109,12 @@ class DevCluster:
             self._kube = Kube(self.kubeconfig)
         return self._kube
 
+    def embedded_kubeconfig(self) -> str:
+        """The admin kubeconfig with its CA, certificate and key inline (no file paths): what
+        another program that cannot read this state directory needs, e.g. a MultiKueue manager's
+        Secret for this cluster as a worker (Kueue refuses kubeconfigs that name files)."""
+        return components.embedded_kubeconfig(yaml.safe_load(self.kubeconfig.read_text()))
+
     @property
     def process_tables(self) -> ProcessTables:
         return ProcessTables(self.kube, self.state_dir / "proctables")
@@ -130,12 +138,19 @@ class DevCluster:
     def unscrape(self, name: str) -> None:
         (self.state_dir / SCRAPE_TARGETS_DIR / f"{name}.json").unlink(missing_ok=True)
 
-    def restart_kueue(self, overrides: Mapping[str, Any] | None = None, timeout: float = 120) -> float:
+    def restart_kueue(
+        self,
+        overrides: Mapping[str, Any] | None = None,
+        timeout: float = 120,
+        feature_gates: Mapping[str, bool] | None = None,
+    ) -> float:
         """Restart the Kueue manager with its Configuration (kueue-config.yaml in the state dir, as
         started) merged with `overrides` (nested mappings merge, None removes a key, anything else
         replaces); None restores the Configuration it started with. Kueue reads its Configuration
         only at start, so a test that needs another one (waitForPodsReady, fairSharing) restarts the
-        manager instead of a whole cluster. Returns the seconds until /readyz answered."""
+        manager instead of a whole cluster. `feature_gates`: the extra gates of its --feature-gates
+        flag from now on (None keeps the flag as it runs; {} the devcluster's own gates only).
+        Returns the seconds until /readyz answered."""
         if "kueue" not in self.state.addons:
             raise RuntimeError("this devcluster runs without Kueue")
         started = self.state_dir / "kueue-config.yaml"
@@ -149,6 +164,9 @@ class DevCluster:
             raise RuntimeError(f"kueue (pid {old.pid}) is not running; log tail:\n{procs.tail(old.log)}")
         # The record keeps argv[0] only: the running manager's own command line is the one to repeat.
         argv = [a.decode() for a in Path(f"/proc/{old.pid}/cmdline").read_bytes().split(b"\0") if a]
+        if feature_gates is not None:
+            flag = components.kueue_feature_gates_flag(dict(feature_gates))
+            argv = [flag if a.startswith("--feature-gates=") else a for a in argv]
         t0 = time.monotonic()
         procs.stop(old)
         rec = procs.start("kueue", argv, self.state_dir / "logs", cwd=self.state_dir)
@@ -178,11 +196,21 @@ class DevCluster:
         log: Callable[[str], None] = lambda m: print(m, file=sys.stderr),
         audit_policy: str | None = None,
         real_node: bool = True,
+        kueue_overrides: Mapping[str, Any] | None = None,
+        kueue_feature_gates: Mapping[str, bool] | None = None,
+        extra_crds: bool = True,
     ) -> DevCluster:
         """`audit_policy`: an audit Policy (YAML text); the apiserver then writes its audit log to
         `<state_dir>/logs/audit.log` (the scale bench counts the controller's requests there).
         `real_node`: also start the real node (kubelet, containerd, runc: ghostgpu.devcluster.realnode).
-        If it cannot start, the rest of the cluster still runs and `state.real_node_error` says why."""
+        If it cannot start, the rest of the cluster still runs and `state.real_node_error` says why.
+        `nodes`: the kwok nodes (None: default_nodes(); [] starts none, e.g. a MultiKueue manager).
+        `kueue_overrides`: merged into Kueue's Configuration at start (merge_overrides), e.g. a
+        `multiKueue` section; `kueue_feature_gates`: added to Kueue's --feature-gates flag (Kueue
+        refuses gates in both the flag and the Configuration's `featureGates`). `extra_crds`: also
+        install the CRDs of kinds no controller here runs (ServiceMonitor, Argo CD, Flux, the
+        manager kinds of the actuator table); without them the control plane is lighter and
+        Kueue sets up no integration for those kinds."""
         state_dir = state_dir or default_state_dir()
         existing = cls.attach(state_dir)
         if existing is not None:
@@ -193,7 +221,7 @@ class DevCluster:
             raise ValueError(f"unknown addon(s) {sorted(unknown)}; expected some of {list(ALL_ADDONS)}")
         tools = Toolchain.locate()
         needed = ["etcd", "kube_apiserver", "kube_controller_manager", "kube_scheduler", "kwok"]
-        needed += ["monitoring_crd_dir", "argocd_crd_dir", "flux_crd_dir", "owner_crd_dir"]
+        needed += EXTRA_CRD_DIRS if extra_crds else []
         needed += ["kueue"] if "kueue" in addons else []
         needed += ["kyverno_admission", "kyverno_background"] if "kyverno" in addons else []
         needed += ["prometheus"] if "prometheus" in addons else []
@@ -206,7 +234,16 @@ class DevCluster:
         if state_dir.exists():
             shutil.rmtree(state_dir)
         starter = _Starter(
-            state_dir, tools, nodes or default_nodes(), tuple(addons), log, audit_policy, real_node
+            state_dir,
+            tools,
+            default_nodes() if nodes is None else nodes,
+            tuple(addons),
+            log,
+            audit_policy,
+            real_node,
+            kueue_overrides=kueue_overrides,
+            kueue_feature_gates=kueue_feature_gates,
+            extra_crds=extra_crds,
         )
         try:
             state = starter.run()
@@ -288,8 +325,15 @@ class _Starter:
         log: Callable[[str], None],
         audit_policy: str | None = None,
         real_node: bool = False,
+        *,
+        kueue_overrides: Mapping[str, Any] | None = None,
+        kueue_feature_gates: Mapping[str, bool] | None = None,
+        extra_crds: bool = True,
     ) -> None:
         self.dir = state_dir
+        self.extra_crds = extra_crds
+        self.kueue_overrides = dict(kueue_overrides or {})
+        self.kueue_feature_gates = dict(kueue_feature_gates or {})
         self.real_node = real_node
         self.audit_policy = audit_policy
         self.tools = tools
@@ -514,16 +558,17 @@ class _Starter:
 
     def _crds_and_bootstrap(self) -> None:
         crds = load_yaml_docs(sorted(self.tools.kwok_crd_dir.glob("*.yaml")))
-        # ServiceMonitor and PrometheusRule, so the controller/ bundle applies as it would in prod.
-        crds += load_yaml_docs(sorted(self.tools.monitoring_crd_dir.glob("*.yaml")))
-        # Application, ApplicationSet, AppProject: examples/argocd/ is dry-run against their schema.
-        crds += load_yaml_docs(sorted(self.tools.argocd_crd_dir.glob("*.yaml")))
-        # Flux's Kustomization: the controller's GitOps pre-flight reads one (no Flux controller runs).
-        crds += load_yaml_docs(sorted(self.tools.flux_crd_dir.glob("*.yaml")))
-        # LeaderWorkerSet, InferenceService, ScaledObject (no controller runs): every actuator's stop
-        # and restore is written against the real schema; installed before Kyverno starts, so the
-        # tracking policy's rules for these kinds are admitted at once.
-        crds += load_yaml_docs(sorted(self.tools.owner_crd_dir.glob("*.yaml")))
+        if self.extra_crds:
+            # ServiceMonitor and PrometheusRule, so the controller/ bundle applies as in prod.
+            crds += load_yaml_docs(sorted(self.tools.monitoring_crd_dir.glob("*.yaml")))
+            # Application, ApplicationSet, AppProject: examples/argocd/ is dry-run against them.
+            crds += load_yaml_docs(sorted(self.tools.argocd_crd_dir.glob("*.yaml")))
+            # Flux's Kustomization: the GitOps pre-flight reads one (no Flux controller runs).
+            crds += load_yaml_docs(sorted(self.tools.flux_crd_dir.glob("*.yaml")))
+            # LeaderWorkerSet, InferenceService, ScaledObject (no controller runs): every actuator's
+            # stop and restore is written against the real schema; installed before Kyverno
+            # starts, so the tracking policy's rules for these kinds are admitted at once.
+            crds += load_yaml_docs(sorted(self.tools.owner_crd_dir.glob("*.yaml")))
         ca = self.pki.pem
         if "kueue" in self.addons:
             crds += components.kueue_crds(
@@ -617,6 +662,7 @@ class _Starter:
             self.dir / "kueue-certs",
             base=components.rendered_kueue_config(RENDERED_KUEUE_CONFIG),
         )
+        cfg = merge_overrides(cfg, self.kueue_overrides)
         cfg_path = self.dir / "kueue-config.yaml"
         cfg_path.write_text(yaml.safe_dump(cfg, sort_keys=True))
         self.kube.apply_all(
@@ -629,9 +675,7 @@ class _Starter:
                 str(self.tools.kueue),
                 f"--config={cfg_path}",
                 f"--kubeconfig={self.kubeconfig}",
-                # The visibility API is an aggregated apiserver with certs at the fixed path
-                # /visibility; ghostgpu does not use it, so it stays off here.
-                "--feature-gates=VisibilityOnDemand=false",
+                components.kueue_feature_gates_flag(self.kueue_feature_gates),
             ],
         )
 

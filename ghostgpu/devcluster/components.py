@@ -65,6 +65,35 @@ def kueue_config(
     return cfg
 
 
+# The visibility API is an aggregated apiserver with certs at the fixed path /visibility;
+# ghostgpu does not use it, so it stays off in the devcluster.
+KUEUE_BASE_FEATURE_GATES = {"VisibilityOnDemand": False}
+
+
+def kueue_feature_gates_flag(extra: dict[str, bool] | None = None) -> str:
+    """Kueue's --feature-gates flag: the devcluster's own gates, then `extra` (which wins)."""
+    gates = {**KUEUE_BASE_FEATURE_GATES, **(extra or {})}
+    return "--feature-gates=" + ",".join(f"{k}={'true' if v else 'false'}" for k, v in gates.items())
+
+
+_FILE_KEYS = {
+    "certificate-authority": "certificate-authority-data",
+    "client-certificate": "client-certificate-data",
+    "client-key": "client-key-data",
+}
+
+
+def embedded_kubeconfig(kubeconfig: dict[str, Any]) -> str:
+    """The kubeconfig (parsed) with every file it names inlined as base64 `-data`, as YAML."""
+    out = copy.deepcopy(kubeconfig)
+    for entry in [*(out.get("clusters") or []), *(out.get("users") or [])]:
+        body = entry.get("cluster") or entry.get("user") or {}
+        for key, data_key in _FILE_KEYS.items():
+            if key in body:
+                body[data_key] = base64.b64encode(Path(body.pop(key)).read_bytes()).decode()
+    return yaml.safe_dump(out, sort_keys=False)
+
+
 def rendered_kueue_config(path: Path) -> dict[str, Any] | None:
     """The Configuration inside the rendered kueue-manager-config ConfigMap, if the file exists."""
     if not path.is_file():

@@ -11,6 +11,12 @@ from typing import Any
 import yaml
 
 from ghostgpu.config import GhostgpuConfig
+from ghostgpu.controller.books.multikueue import (
+    ORIGIN_LABEL,
+    needs_admission_checks,
+    skipped_queues,
+    worker_workloads,
+)
 from ghostgpu.doctor.reads import Reads, lease_age, lease_is_live
 from ghostgpu.doctor.report import Row, fail, ok, skip, warn
 from ghostgpu.render import AGENT_NAME, AGENT_NAMESPACE
@@ -218,6 +224,60 @@ async def check_kueue_configuration(reads: Reads, objects: list[dict[str, Any]])
     if wrong:
         return fail("kueue: configuration", "; ".join(wrong), fix)
     return ok("kueue: configuration", f"ConfigMap {ns}/{name}: " + "; ".join(found))
+
+
+def multikueue_row(
+    cluster_queues: list[dict[str, Any]],
+    admission_checks: list[dict[str, Any]],
+    sent: dict[str, int],
+    local_queues: list[dict[str, Any]],
+    opted_in: list[str],
+    cfg: GhostgpuConfig,
+) -> Row:
+    """What this cluster is to MultiKueue (docs/reservation.md, "MultiKueue"). A manager: the
+    ClusterQueues with a MultiKueue admission check, where the reservation writes no placeholder;
+    warn when the reservation is on and an opted-in namespace's reservation queue leads to one
+    (what is held there is reserved nowhere). A worker: the Workloads a manager sent here."""
+    check = "kueue: MultiKueue"
+    skipped = skipped_queues(cluster_queues, admission_checks)
+    if not skipped and not sent:
+        return skip(check, "no MultiKueue AdmissionCheck on a ClusterQueue and no Workload sent by a manager")
+    found = []
+    if skipped:
+        found.append(
+            f"manager: ClusterQueues {_short(skipped)} send their Workloads to worker clusters; the "
+            "reservation writes no placeholder there (Kueue would reject it)"
+        )
+    if sent:
+        origins = ", ".join(f"{o} ({n})" for o, n in sent.items())
+        found.append(
+            f"worker: {sum(sent.values())} Workloads sent by a manager of origin {origins}; the "
+            "reservation counts in this cluster's ClusterQueues as usual"
+        )
+    queue = cfg.controller.reservation_queue
+    stranded = sorted(
+        f"{lq['metadata'].get('namespace')} ({lq['spec'].get('clusterQueue')})"
+        for lq in local_queues
+        if lq["metadata"].get("name") == queue
+        and lq["metadata"].get("namespace") in opted_in
+        and (lq.get("spec") or {}).get("clusterQueue") in skipped
+    )
+    if cfg.controller.reservation != "off" and stranded:
+        return warn(
+            check,
+            "; ".join(found) + f"; GPUs held outside Kueue in {_short(stranded)} are reserved nowhere",
+            "run the controller with controller.reservation in each worker cluster, where the GPUs "
+            "are; on the manager, keep GPU work outside Kueue out of namespaces whose queue is MultiKueue's",
+        )
+    return ok(check, "; ".join(found))
+
+
+async def check_multikueue(reads: Reads, cfg: GhostgpuConfig, opted_in: list[str]) -> Row:
+    cqs = await reads.items(KUEUE_API, "clusterqueues")
+    acs = await reads.items(KUEUE_API, "admissionchecks") if needs_admission_checks(cqs) else []
+    sent = worker_workloads(await reads.items(KUEUE_API, "workloads", params={"labelSelector": ORIGIN_LABEL}))
+    lqs = await reads.items(KUEUE_API, "localqueues") if cfg.controller.reservation != "off" else []
+    return multikueue_row(cqs, acs, sent, lqs, opted_in, cfg)
 
 
 # ----- Kyverno -----

@@ -88,6 +88,9 @@ async def run_doctor(cfg: GhostgpuConfig, kubeconfig: str | None) -> list[Row]:
             rows.append(skip("prometheus: GPU series", "Prometheus is not reachable"))
         rows += [
             namespaces_row or cc.check_namespaces(namespaces, cfg),
+            await _row(
+                "kueue: MultiKueue", cc.check_multikueue(reads, cfg, [cc._name(n) for n in namespaces])
+            ),
             await _row("controller: RBAC", check_rbac(reads, objects, ctrl, known)),
             await _row("controller: running, leader", cc.check_controller(reads, cfg, objects)),
             await _row("agent: on every GPU node", cc.check_agent(reads, cfg)),

@@ -18,18 +18,25 @@ class Reads:
     def __init__(self, api: Any) -> None:
         self.api = api
 
-    async def get(self, version: str, url: str, namespace: str | None = None) -> dict[str, Any] | None:
-        """The object or list at version/[namespaces/NS/]url; None when it does not exist (404)."""
+    async def get(
+        self, version: str, url: str, namespace: str | None = None, params: dict[str, str] | None = None
+    ) -> dict[str, Any] | None:
+        """The object or list at version/[namespaces/NS/]url; None when it does not exist (404).
+        `params`: query parameters of a list (a labelSelector)."""
         try:
-            async with self.api.call_api("GET", version=version, namespace=namespace, url=url) as resp:
+            async with self.api.call_api(
+                "GET", version=version, namespace=namespace, url=url, params=params
+            ) as resp:
                 return dict(resp.json())
         except ServerError as exc:
             if status_of(exc) == 404:
                 return None
             raise
 
-    async def items(self, version: str, url: str, namespace: str | None = None) -> list[dict[str, Any]]:
-        body = await self.get(version, url, namespace)
+    async def items(
+        self, version: str, url: str, namespace: str | None = None, params: dict[str, str] | None = None
+    ) -> list[dict[str, Any]]:
+        body = await self.get(version, url, namespace, params)
         return list((body or {}).get("items") or [])
 
     async def version(self) -> dict[str, Any]:

@@ -36,7 +36,8 @@ TEAM = "research"
 # Justified warnings on the devcluster: Kueue and Kyverno run as processes, not Deployments, so
 # neither Kueue's image tag nor Kyverno's --crdWatcher flag can be read from the cluster.
 DEVCLUSTER_WARNINGS = {"kueue: version", "kyverno: CRD watcher"}
-NOT_CONFIGURED: set[str] = set()  # the node agent is part of the applied bundle
+# The node agent is part of the applied bundle; the devcluster is neither a MultiKueue manager nor a worker.
+NOT_CONFIGURED = {"kueue: MultiKueue"}
 READ_ONLY_ROLE = "ghostgpu-doctor-read-only"
 DOCTOR = [sys.executable, "-m", "ghostgpu.cli", "doctor"]
 

@@ -25,6 +25,9 @@ class _Writes:
     async def local_queues(self) -> list[dict[str, Any]]:
         return []
 
+    async def skipped_queues(self, cluster_queues: Any) -> dict[str, str]:
+        return {}
+
     async def reconcile(self, desired: Any, flavors: Any, **_: Any) -> ReservationReport:
         return ReservationReport(mode="enforce", created=1, deleted=1)
 

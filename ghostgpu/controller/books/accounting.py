@@ -45,6 +45,11 @@ class FlavorAccount:
     # Kueue, and what placeholder Workloads Kueue admitted (part of kueue_admitted).
     reservation_desired: float = 0.0
     reserved_outside: float = 0.0
+    # MultiKueue (multikueue.py): ClusterQueues with quota on this flavor that get no placeholder
+    # (a manager's, which sends its Workloads to workers) -> why; and, on a worker, the Workloads a
+    # manager sent that Kueue admitted here on this flavor.
+    reservation_skipped: dict[str, str] = field(default_factory=dict)
+    multikueue_workloads: int = 0
     # A DRA flavor: its allocatable is the devices its class selects in its nodes' ResourceSlices
     # (slices.py); when they cannot be counted for sure, `capacity_unknown` says why and the
     # allocatable, what is truly free and the gap are unknown, never 0.
@@ -109,6 +114,8 @@ class FlavorAccount:
             "gap": self.gap,
             "reservationDesired": self.reservation_desired,
             "reservedOutsideKueue": self.reserved_outside,
+            "reservationSkipped": dict(self.reservation_skipped),
+            "multiKueueWorkloads": self.multikueue_workloads,
         }
 
 

@@ -17,6 +17,8 @@ from kr8s._exceptions import ServerError
 
 from ghostgpu.controller.books.accounting import FlavorSpec
 from ghostgpu.controller.books.books import untracked_of
+from ghostgpu.controller.books.multikueue import ADMISSIONCHECKS, needs_admission_checks
+from ghostgpu.controller.books.multikueue import skipped_queues as multikueue_skipped
 from ghostgpu.controller.books.reservation import (
     FIELD_MANAGER,
     LOCALQUEUES,
@@ -61,6 +63,7 @@ async def reserve(
         return
     try:
         lqs = await reservations.local_queues()
+        skip = await reservations.skipped_queues(cqs)
         desired = desired_from(
             flavors,
             snap,
@@ -69,6 +72,7 @@ async def reserve(
             local_queue=reservations.local_queue,
             pods_of=result.pods_of,
             untracked=untracked_of(snap, result),
+            skip=skip,
         )
         report = await reservations.reconcile(
             desired,
@@ -103,6 +107,7 @@ class Reservations:
         self.emit_event = emit_event  # Cluster.event
         self.announced: dict[tuple[str, str, str], str] = {}  # workload -> last message sent
         self.evictions_seen: set[str] = set()  # uids of evicted placeholders already counted
+        self.skipped: dict[str, str] = {}  # ClusterQueue -> why no placeholder goes there (last poll)
 
     async def _list(self, rt: ResourceType, selector: str | None = None) -> list[dict[str, Any]]:
         params: dict[str, Any] = {"limit": 500}
@@ -119,6 +124,24 @@ class Reservations:
 
     async def local_queues(self) -> list[dict[str, Any]]:
         return await self._list(LOCALQUEUES)
+
+    async def skipped_queues(self, cluster_queues: Sequence[Mapping[str, Any]]) -> dict[str, str]:
+        """ClusterQueues that get no placeholder (multikueue.py: a MultiKueue manager's). The
+        AdmissionChecks are listed only when some ClusterQueue names one; if they cannot be, those
+        ClusterQueues are skipped (a placeholder in a MultiKueue one is rejected at every poll).
+        Logged when the set changes."""
+        if not needs_admission_checks(cluster_queues):
+            skipped: dict[str, str] = {}
+        else:
+            try:
+                skipped = multikueue_skipped(cluster_queues, await self._list(ADMISSIONCHECKS))
+            except ServerError as exc:
+                why = f"{status_of(exc) or ''} {str(exc)[:200]}".strip()
+                skipped = multikueue_skipped(cluster_queues, None, unreadable=why)
+        if skipped != self.skipped:
+            log.info("reservation skips ClusterQueues", extra={"clusterQueues": skipped})
+            self.skipped = skipped
+        return skipped
 
     async def reconcile(
         self,

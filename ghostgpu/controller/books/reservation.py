@@ -40,7 +40,7 @@ import hashlib
 import logging
 import math
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -147,6 +147,7 @@ def desired_reservations(
     *,
     local_queue: str,
     untracked: Mapping[WorkloadRef, Sequence[PodView]] | None = None,
+    skip: Collection[str] = (),
 ) -> list[Reservation]:
     """What must be reserved now, sorted. A GPU counts when a tracked workload in an opted-in
     namespace with a team label holds it: its pod is scheduled and not finished (whatever its
@@ -157,7 +158,7 @@ def desired_reservations(
     GPUs on nodes of no flavor of that ClusterQueue are not in its quota and reserve nothing.
     `untracked`: holder -> GPU pods no tracked workload accounts for (untracked.untracked_holders,
     Kueue's own pods left out already), reserved the same way under their holder's name.
-    Fractional counts round up (a quota is counted in whole GPUs)."""
+    Fractional counts round up (whole GPUs). `skip`: ClusterQueues that get no placeholder (multikueue.py)."""
     node_flavor_names = {
         str((n.get("metadata") or {}).get("name", "")): [f for f in node_flavors_of(n, flavors)]
         for n in nodes
@@ -173,7 +174,7 @@ def desired_reservations(
             continue
         team = labels.get(keys.TEAM_LABEL)
         cq = queues.get(ref.namespace)
-        if not team or cq is None:
+        if not team or cq is None or cq in skip:
             continue
         quota = cluster_queues.get(cq, {})
         for pod in pods:
@@ -413,6 +414,7 @@ def desired_from(
     local_queue: str,
     pods_of: Mapping[WorkloadRef, Sequence[PodView]] | None = None,
     untracked: Mapping[WorkloadRef, Sequence[PodView]] | None = None,
+    skip: Collection[str] = (),
 ) -> list[Reservation]:
     """desired_reservations over a reconciler.Snapshot and the listed Kueue objects; `pods_of` and
     `untracked`: the poll's (PollResult.pods_of, books.untracked_of), else computed here."""
@@ -437,6 +439,7 @@ def desired_from(
         cq_flavors(cluster_queues),
         local_queue=local_queue,
         untracked=untracked,
+        skip=skip,
     )
 
 
