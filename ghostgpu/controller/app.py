@@ -258,6 +258,9 @@ def signal_sources(cfg: ControllerConfig, prom: PrometheusClient, executor: PodE
         zero_threshold=cfg.zero_threshold,
         agent_processes=agent,
         dra_devices=bool(cfg.dra_flavors),
+        window=2 * cfg.metrics.scrape_interval.seconds,
+        max_clock_skew=cfg.metrics.max_clock_skew.seconds,
+        agent_source=cfg.metrics.agent_source,
     )
     if agent:
         series = AgentSeries()

@@ -314,6 +314,7 @@ def kyverno_env(service_account: str) -> dict[str, str]:
 
 CONTROLLER_SCRAPE_JOB = "ghostgpu-controller"  # the job name the controller/ ServiceMonitor gives
 AGENT_SCRAPE_JOB = "ghostgpu-agent"
+AGENT_NAMESPACE = "ghostgpu-agent"  # what the bundle's agent ServiceMonitor gives its series
 
 
 def prometheus_config(
@@ -330,13 +331,15 @@ def prometheus_config(
         },
         {
             # The node agent's series, served by the same fake exporter as a target of their own (as
-            # the agent's pods are), so that a test can take this target down alone. Its
-            # namespace/pod labels are the tracked pods', as the bundle's ServiceMonitor keeps them.
+            # the agent's pods are), so that a test can take this target down alone. As the
+            # bundle's ServiceMonitor: no honor_labels, and the target's job and namespace are the
+            # agent's (the controller reads its series only from there: metrics.agentSource).
             "job_name": AGENT_SCRAPE_JOB,
             "scrape_interval": scrape_interval,
-            "honor_labels": True,
             "metrics_path": "/agent/metrics",
-            "static_configs": [{"targets": [f"127.0.0.1:{dcgm_port}"]}],
+            "static_configs": [
+                {"targets": [f"127.0.0.1:{dcgm_port}"], "labels": {"namespace": AGENT_NAMESPACE}}
+            ],
         },
     ]
     if targets_dir is not None:
