@@ -143,6 +143,8 @@ class AgentAnswer:
     pods: frozenset[tuple[str, str]] | None = None
     # The live pods' UIDs: a container whose series name another UID fails.
     uids: Mapping[tuple[str, str], str] = field(default_factory=dict)
+    # How far a scan time may lead eval_time (the controller's clock) before it fails.
+    max_clock_skew: float = 5.0
 
     def add(self, kind: str, labels: Mapping[str, str], value: float) -> None:
         ns, name = labels.get(TRACKED_NAMESPACE, ""), labels.get(TRACKED_POD, "")
@@ -194,6 +196,8 @@ class AgentAnswer:
                 reason=FailureReason.UNTRUSTED,
                 detail=f"the agent's series of {where} name pod uid {named[:40]!r}, the live pod's is {live}",
             )
+        if c.ahead is None and c.scan is not None and c.scan > self.eval_time + self.max_clock_skew:
+            c.ahead = c.scan  # the query's check, again on the value read (min over the window)
         if c.ahead is not None:
             return SignalFailure(
                 reason=FailureReason.UNTRUSTED,

@@ -532,7 +532,12 @@ class UtilizationSource:
         """`devices`: each DRA pod's GPU devices, each of which must have its series; `uids`: each
         live pod's UID, which every series of it that names one must name."""
         pods = list(dict.fromkeys(pods))
-        answer = AgentAnswer(eval_time=now, pods=frozenset(pods), uids=dict(uids or {}))
+        answer = AgentAnswer(
+            eval_time=now,
+            pods=frozenset(pods),
+            uids=dict(uids or {}),
+            max_clock_skew=self.spec.max_clock_skew,
+        )
         if self.agent is not None:
             self.agent.answer = answer  # replaced every poll: last poll's series are never read again
         return await self._poll(pods, now, answer if self.agent is not None else None, devices, uids)
