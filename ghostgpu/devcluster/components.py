@@ -317,11 +317,22 @@ AGENT_SCRAPE_JOB = "ghostgpu-agent"
 AGENT_NAMESPACE = "ghostgpu-agent"  # what the bundle's agent ServiceMonitor gives its series
 
 
+TENANT_PODS_JOB = "kubernetes-pods"
+TENANT_PODS_DIR = "pods"  # under targets_dir: the file_sd targets of TENANT_PODS_JOB
+
+
 def prometheus_config(
-    dcgm_port: int, targets_dir: Path | None = None, scrape_interval: str = "1s"
+    dcgm_port: int,
+    targets_dir: Path | None = None,
+    scrape_interval: str = "1s",
+    prometheus_port: int | None = None,
 ) -> dict[str, Any]:
     """Scrape the fake dcgm-exporter; with targets_dir, also every controller whose port a test
-    registers there at runtime (file_sd: a JSON file per target, picked up without a reload)."""
+    registers there at runtime (file_sd: a JSON file per target, picked up without a reload), and
+    every tenant pod a test registers under targets_dir/pods, as the prometheus-community chart's
+    `kubernetes-pods` job scrapes annotated pods: with honor_labels, so that a tenant's exporter can
+    write any label (what docs/threat-model.md assumes of a real cluster). With prometheus_port,
+    Prometheus also scrapes itself (its counters of dropped samples, which `ghostgpu doctor` reads)."""
     jobs: list[dict[str, Any]] = [
         {
             "job_name": "dcgm-exporter",
@@ -348,6 +359,24 @@ def prometheus_config(
                 "job_name": CONTROLLER_SCRAPE_JOB,
                 "scrape_interval": scrape_interval,
                 "file_sd_configs": [{"files": [str(targets_dir / "*.json")], "refresh_interval": "1s"}],
+            }
+        )
+        jobs.append(
+            {
+                "job_name": TENANT_PODS_JOB,
+                "scrape_interval": scrape_interval,
+                "honor_labels": True,
+                "file_sd_configs": [
+                    {"files": [str(targets_dir / TENANT_PODS_DIR / "*.json")], "refresh_interval": "1s"}
+                ],
+            }
+        )
+    if prometheus_port is not None:
+        jobs.append(
+            {
+                "job_name": "prometheus",
+                "scrape_interval": "5s",
+                "static_configs": [{"targets": [f"127.0.0.1:{prometheus_port}"]}],
             }
         )
     return {

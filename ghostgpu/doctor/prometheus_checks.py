@@ -119,3 +119,103 @@ async def check_gpu_series(
             "run doctor again once GPU pods run in opted-in namespaces",
         )
     return ok(name, f"{found}; all {len(tracked)} tracked GPU pods have one")
+
+
+# How far back doctor looks for a second producer and for dropped samples.
+PRODUCER_LOOKBACK = "10m"
+_AGENT_METRICS = "ghostgpu_agent_container_.+"
+
+
+def _producers_fix(what: str) -> str:
+    return (
+        f"find the target that writes {what} (the row names its job and instance) and stop it, or "
+        "stop Prometheus from keeping a tenant target's own labels: no honor_labels on scrapes of "
+        "tenant pods (Prometheus Operator: overrideHonorLabels: true on the Prometheus resource; "
+        "docs/threat-model.md)"
+    )
+
+
+async def check_signal_sources(prom: PromReader, ctrl: ControllerConfig, namespaces: Sequence[str]) -> Row:
+    """One producer per signal: the series the controller reads for the opted-in namespaces come
+    only from the scrapes ghostgpu.yaml names (metrics.<preset>.source, xidSource, agentSource),
+    one target per pod, and Prometheus drops no sample as out of order or duplicate (a second
+    producer writing the same series ahead of the real one makes it drop the real samples)."""
+    from ghostgpu.promql import label_matchers
+
+    name = "prometheus: one producer per signal"
+    if not namespaces:
+        return warn(name, "no opted-in namespace to look at", "run doctor again once namespaces opt in")
+    metrics = ctrl.metrics
+    preset = metrics.active
+    # Namespace names are DNS labels: no regex metacharacter to escape.
+    tracked = "|".join(sorted(namespaces))
+    ns_label, pod_label = preset.namespace_label, preset.pod_label
+    gpu_names = "|".join(sorted({preset.utilization_metric, preset.framebuffer_metric}))
+    kinds = [
+        (gpu_names, f'{ns_label}=~"{tracked}"', label_matchers(preset.source), (ns_label, pod_label)),
+        (
+            preset.xid_metric,
+            f'namespace=~"{tracked}"',
+            label_matchers(preset.xid_source),
+            ("namespace", "pod"),
+        ),
+    ]
+    if ctrl.process_source == "agent":
+        kinds.append(
+            (_AGENT_METRICS, f'tracked_namespace=~"{tracked}"', label_matchers(metrics.agent_source),
+             ("tracked_namespace", "tracked_pod"))
+        )  # fmt: skip
+    problems: list[str] = []
+    for names, where, source, (ns, pod) in kinds:
+        if not names:
+            continue
+        recent = f'last_over_time({{__name__=~"{names}", {where}}}[{PRODUCER_LOOKBACK}])'
+        pinned = f'last_over_time({{__name__=~"{names}", {where}, {source}}}[{PRODUCER_LOOKBACK}])'
+        others = await prom.query(f"group by (__name__, job, instance) ({recent} unless {pinned})")
+        for s in others[:4]:
+            m = s["metric"]
+            problems.append(
+                f"{m.get('__name__', names)} of an opted-in namespace written by job {m.get('job', '?')!r} "
+                f"instance {m.get('instance', '?')!r}, not by the source {{{source}}}"
+            )
+        two = await prom.query(f"count by ({ns}, {pod}) (group by ({ns}, {pod}, instance) ({pinned})) > 1")
+        for s in two[:4]:
+            m = s["metric"]
+            problems.append(f"{m.get(ns, '?')}/{m.get(pod, '?')} has {names} from {s['value'][1]} instances")
+        # More samples than the target had scrapes: a second producer writes the very same series.
+        doubled = await prom.query(
+            f'max by (job, instance) (count_over_time({{__name__=~"{names}", {where}, {source}}}[5m])) '
+            f"> on (job, instance) (1.5 * count_over_time(up{{{source}}}[5m]) + 2)"
+        )
+        for s in doubled[:4]:
+            m = s["metric"]
+            problems.append(
+                f"{names} of job {m.get('job', '?')!r} instance {m.get('instance', '?')!r} has more samples "
+                f"than the target had scrapes: a second producer writes the same series"
+            )
+    dropped = await prom.query(
+        "sum(increase(prometheus_target_scrapes_sample_out_of_order_total"
+        f"[{PRODUCER_LOOKBACK}])) + sum(increase(prometheus_target_scrapes_sample_duplicate_timestamp_total"
+        f"[{PRODUCER_LOOKBACK}]))"
+    )
+    if problems:
+        return fail(name, "; ".join(problems[:6]), _producers_fix("these series"))
+    if not dropped:
+        return warn(
+            name,
+            "every series comes from its source, one target per pod; Prometheus's own counters of "
+            "out-of-order and duplicate samples are not in Prometheus (it does not scrape itself)",
+            "let Prometheus scrape its own /metrics, then run doctor again",
+        )
+    count = float(dropped[0]["value"][1])
+    if count > 0:
+        return fail(
+            name,
+            f"Prometheus dropped {count:.0f} out-of-order or duplicate samples in the last "
+            f"{PRODUCER_LOOKBACK}: a target writes series another already writes, ahead of it "
+            "(its log names the target: 'Error on ingesting out-of-order samples')",
+            _producers_fix("samples ahead of the real ones"),
+        )
+    return ok(
+        name, "every series comes from its source, one target per pod; no sample dropped as out of order"
+    )
