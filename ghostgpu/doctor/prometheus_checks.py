@@ -166,6 +166,20 @@ async def check_signal_sources(prom: PromReader, ctrl: ControllerConfig, namespa
              ("tracked_namespace", "tracked_pod"))
         )  # fmt: skip
     problems: list[str] = []
+    dropped = await prom.query(
+        "sum(increase(prometheus_target_scrapes_sample_out_of_order_total"
+        f"[{PRODUCER_LOOKBACK}])) + sum(increase(prometheus_target_scrapes_sample_duplicate_timestamp_total"
+        f"[{PRODUCER_LOOKBACK}]))"
+    )
+    count = float(dropped[0]["value"][1]) if dropped else 0.0
+    if count > 0:
+        problems.append(
+            f"Prometheus dropped {count:.0f} out-of-order or duplicate samples in the last "
+            f"{PRODUCER_LOOKBACK}: a target writes series another already writes, ahead of it "
+            "(its log names the target: 'Error on ingesting out-of-order samples')"
+        )
+    # Ten scrape intervals: long enough to count, short enough to see a producer that just began.
+    span = f"{10 * metrics.scrape_interval.seconds:g}s"
     for names, where, source, (ns, pod) in kinds:
         if not names:
             continue
@@ -184,8 +198,8 @@ async def check_signal_sources(prom: PromReader, ctrl: ControllerConfig, namespa
             problems.append(f"{m.get(ns, '?')}/{m.get(pod, '?')} has {names} from {s['value'][1]} instances")
         # More samples than the target had scrapes: a second producer writes the very same series.
         doubled = await prom.query(
-            f'max by (job, instance) (count_over_time({{__name__=~"{names}", {where}, {source}}}[5m])) '
-            f"> on (job, instance) (1.5 * count_over_time(up{{{source}}}[5m]) + 2)"
+            f'max by (job, instance) (count_over_time({{__name__=~"{names}", {where}, {source}}}[{span}])) '
+            f"> on (job, instance) (1.5 * count_over_time(up{{{source}}}[{span}]) + 2)"
         )
         for s in doubled[:4]:
             m = s["metric"]
@@ -193,11 +207,6 @@ async def check_signal_sources(prom: PromReader, ctrl: ControllerConfig, namespa
                 f"{names} of job {m.get('job', '?')!r} instance {m.get('instance', '?')!r} has more samples "
                 f"than the target had scrapes: a second producer writes the same series"
             )
-    dropped = await prom.query(
-        "sum(increase(prometheus_target_scrapes_sample_out_of_order_total"
-        f"[{PRODUCER_LOOKBACK}])) + sum(increase(prometheus_target_scrapes_sample_duplicate_timestamp_total"
-        f"[{PRODUCER_LOOKBACK}]))"
-    )
     if problems:
         return fail(name, "; ".join(problems[:6]), _producers_fix("these series"))
     if not dropped:
@@ -206,15 +215,6 @@ async def check_signal_sources(prom: PromReader, ctrl: ControllerConfig, namespa
             "every series comes from its source, one target per pod; Prometheus's own counters of "
             "out-of-order and duplicate samples are not in Prometheus (it does not scrape itself)",
             "let Prometheus scrape its own /metrics, then run doctor again",
-        )
-    count = float(dropped[0]["value"][1])
-    if count > 0:
-        return fail(
-            name,
-            f"Prometheus dropped {count:.0f} out-of-order or duplicate samples in the last "
-            f"{PRODUCER_LOOKBACK}: a target writes series another already writes, ahead of it "
-            "(its log names the target: 'Error on ingesting out-of-order samples')",
-            _producers_fix("samples ahead of the real ones"),
         )
     return ok(
         name, "every series comes from its source, one target per pod; no sample dropped as out of order"
