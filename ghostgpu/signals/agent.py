@@ -29,12 +29,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from ghostgpu.signals.podexec import PodRef
+from ghostgpu.signals.prometheus import newest_sample_time
 from ghostgpu.verdict import FailureReason, ProcessCounts, ProcessRole, SignalFailure
 
 PROCESSES_METRIC = "ghostgpu_agent_container_processes"
 PROGRAM_METRIC = "ghostgpu_agent_container_program"
 SCAN_METRIC = "ghostgpu_agent_container_scan_timestamp_seconds"
 UNSEEN_METRIC = "ghostgpu_agent_container_unseen"
+CONTAINER_METRICS = (PROCESSES_METRIC, PROGRAM_METRIC, SCAN_METRIC, UNSEEN_METRIC)
 ROLES: tuple[str, ...] = tuple(r.value for r in ProcessRole)
 # The agent's unseen reasons, each its own FailureReason so that the verdict's evidence says it.
 UNSEEN_REASONS: dict[str, FailureReason] = {
@@ -109,9 +111,7 @@ def query_parts(
     ]
     if ahead is not None:
         at, after = ahead
-        newest = (
-            f'max by ({_ON}) (timestamp({{__name__=~"ghostgpu_agent_container_.+", {inner}}} @ {at:.3f}))'
-        )
+        newest = newest_sample_time(CONTAINER_METRICS, inner, _ON, at)
         newest = (
             f'label_replace({newest} > {after:.3f}, "{namespace_label}", "$1", "{TRACKED_NAMESPACE}", "(.*)")'
         )

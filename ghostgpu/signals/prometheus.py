@@ -8,7 +8,7 @@ so that a regex over hundreds of pod names never hits URL length limits.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,6 +16,18 @@ import httpx
 import orjson
 
 from ghostgpu.verdict import FailureReason, SignalFailure
+
+
+def newest_sample_time(metrics: Sequence[str], matchers: str, by: str, at: float) -> str:
+    """PromQL: per `by` group, the time of the newest sample at or before `at` of any series of
+    `metrics` selected by `matchers`. Each metric's timestamp() is tagged before they are merged:
+    timestamp() drops the metric name, and two metrics with one label set (dcgm-exporter's
+    utilization and framebuffer series of a GPU) would otherwise be a duplicate the query rejects."""
+    tagged = [
+        f'label_replace(timestamp({m}{{{matchers}}} @ {at:.3f}), "ghostgpu_metric", "{i}", "", "")'
+        for i, m in enumerate(metrics)
+    ]
+    return f"max by ({by}) ({' or '.join(tagged)})"
 
 
 class PrometheusError(Exception):

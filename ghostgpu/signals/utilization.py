@@ -57,6 +57,7 @@ from ghostgpu.signals.prometheus import (
     PrometheusError,
     VectorSample,
     iter_answer,
+    newest_sample_time,
 )
 from ghostgpu.verdict import (
     FailureReason,
@@ -271,12 +272,10 @@ def build_query(spec: QuerySpec, pods: Iterable[PodKey], *, now: float | None = 
     ]
     zero = f"({util}) <= {spec.zero_threshold:g}"
     if now is not None:
-        names = "|".join(sorted({spec.metric, spec.framebuffer_metric} - {""}))
-        parts.append(
-            f'label_replace(max by ({by}) (timestamp({{__name__=~"{names}", {inner}}} '
-            f"@ {now + AHEAD_HORIZON:.3f})) > {now + spec.max_clock_skew:.3f}, "
-            f'"{FIELD_LABEL}", "{AHEAD_FIELD}", "", "")'
-        )
+        names = sorted({spec.metric, spec.framebuffer_metric} - {""})
+        newest = newest_sample_time(names, inner, by, now + AHEAD_HORIZON)
+        ahead = f"{newest} > {now + spec.max_clock_skew:.3f}"
+        parts.append(f'label_replace({ahead}, "{FIELD_LABEL}", "{AHEAD_FIELD}", "", "")')
     if spec.pod_uid_label:
         # The UIDs the pod's series name, for the pods a reclaim could follow (at or under zero).
         uid = spec.pod_uid_label

@@ -243,15 +243,17 @@ def test_every_selector_of_the_query_names_its_source() -> None:
     for metric in ("processes", "program", "scan_timestamp_seconds", "unseen"):
         name = f"ghostgpu_agent_container_{metric}"
         assert q.count(f"{name}{{") == q.count(f"{name}{{{agent_sel}}}") > 0
-    # samples ahead: the newest sample up to 4 minutes past now, newer than now + the skew
-    assert (
-        f'timestamp({{__name__=~"DCGM_FI_DEV_FB_USED|DCGM_FI_DEV_GPU_UTIL", {dcgm}}} @ {NOW + 240:.3f}))'
-        f" > {NOW + 5:.3f}" in q
-    )
-    assert (
-        f'timestamp({{__name__=~"ghostgpu_agent_container_.+", {agent_sel}}} @ {NOW + 240:.3f}))'
-        f" > {NOW + 5:.3f}" in q
-    )
+    # samples ahead: the newest sample up to 4 minutes past now, newer than now + the skew; each
+    # metric's timestamp() tagged apart (utilization and framebuffer share a label set)
+    at = f"@ {NOW + 240:.3f}"
+    for metric, sel in (
+        ("DCGM_FI_DEV_GPU_UTIL", dcgm),
+        ("DCGM_FI_DEV_FB_USED", dcgm),
+        ("ghostgpu_agent_container_scan_timestamp_seconds", agent_sel),
+        ("ghostgpu_agent_container_processes", agent_sel),
+    ):
+        assert f'label_replace(timestamp({metric}{{{sel}}} {at}), "ghostgpu_metric", ' in q, metric
+    assert q.count(f")) > {NOW + 5:.3f}, ") == 2
 
 
 def test_interleaved_zeros_cannot_win_the_busiest_sample_of_two_scrape_intervals_is_read() -> None:
