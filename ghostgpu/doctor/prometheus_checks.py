@@ -12,6 +12,7 @@ import httpx
 
 from ghostgpu.config import ControllerConfig
 from ghostgpu.doctor.report import Row, fail, ok, warn
+from ghostgpu.signals.agent import CONTAINER_METRICS
 
 GPU_RESOURCE_HINT = "nvidia.com/"
 
@@ -123,7 +124,6 @@ async def check_gpu_series(
 
 # How far back doctor looks for a second producer and for dropped samples.
 PRODUCER_LOOKBACK = "10m"
-_AGENT_METRICS = "ghostgpu_agent_container_.+"
 
 
 def _producers_fix(what: str) -> str:
@@ -150,11 +150,11 @@ async def check_signal_sources(prom: PromReader, ctrl: ControllerConfig, namespa
     # Namespace names are DNS labels: no regex metacharacter to escape.
     tracked = "|".join(sorted(namespaces))
     ns_label, pod_label = preset.namespace_label, preset.pod_label
-    gpu_names = "|".join(sorted({preset.utilization_metric, preset.framebuffer_metric}))
-    kinds = [
+    gpu_names = sorted({preset.utilization_metric, preset.framebuffer_metric})
+    kinds: list[tuple[list[str], str, str, tuple[str, str]]] = [
         (gpu_names, f'{ns_label}=~"{tracked}"', label_matchers(preset.source), (ns_label, pod_label)),
         (
-            preset.xid_metric,
+            [preset.xid_metric] if preset.xid_metric else [],
             f'namespace=~"{tracked}"',
             label_matchers(preset.xid_source),
             ("namespace", "pod"),
@@ -162,7 +162,7 @@ async def check_signal_sources(prom: PromReader, ctrl: ControllerConfig, namespa
     ]
     if ctrl.process_source == "agent":
         kinds.append(
-            (_AGENT_METRICS, f'tracked_namespace=~"{tracked}"', label_matchers(metrics.agent_source),
+            (list(CONTAINER_METRICS), f'tracked_namespace=~"{tracked}"', label_matchers(metrics.agent_source),
              ("tracked_namespace", "tracked_pod"))
         )  # fmt: skip
     problems: list[str] = []
@@ -180,11 +180,14 @@ async def check_signal_sources(prom: PromReader, ctrl: ControllerConfig, namespa
         )
     # Ten scrape intervals: long enough to count, short enough to see a producer that just began.
     span = f"{10 * metrics.scrape_interval.seconds:g}s"
-    for names, where, source, (ns, pod) in kinds:
-        if not names:
+    for metric_names, where, source, (ns, pod) in kinds:
+        if not metric_names:
             continue
-        recent = f'last_over_time({{__name__=~"{names}", {where}}}[{PRODUCER_LOOKBACK}])'
-        pinned = f'last_over_time({{__name__=~"{names}", {where}, {source}}}[{PRODUCER_LOOKBACK}])'
+        names = "|".join(metric_names)
+        # Plain selectors (Prometheus's lookback, 5 minutes) keep each series' metric name; a range
+        # function would drop it and merge two metrics' series of one label set into an error.
+        recent = f'{{__name__=~"{names}", {where}}}'
+        pinned = f'{{__name__=~"{names}", {where}, {source}}}'
         others = await prom.query(f"group by (__name__, job, instance) ({recent} unless {pinned})")
         for s in others[:4]:
             m = s["metric"]
@@ -197,16 +200,17 @@ async def check_signal_sources(prom: PromReader, ctrl: ControllerConfig, namespa
             m = s["metric"]
             problems.append(f"{m.get(ns, '?')}/{m.get(pod, '?')} has {names} from {s['value'][1]} instances")
         # More samples than the target had scrapes: a second producer writes the very same series.
-        doubled = await prom.query(
-            f'max by (job, instance) (count_over_time({{__name__=~"{names}", {where}, {source}}}[{span}])) '
-            f"> on (job, instance) (1.5 * count_over_time(up{{{source}}}[{span}]) + 2)"
-        )
-        for s in doubled[:4]:
-            m = s["metric"]
-            problems.append(
-                f"{names} of job {m.get('job', '?')!r} instance {m.get('instance', '?')!r} has more samples "
-                f"than the target had scrapes: a second producer writes the same series"
+        for metric in metric_names:
+            doubled = await prom.query(
+                f"max by (job, instance) (count_over_time({metric}{{{where}, {source}}}[{span}])) "
+                f"> on (job, instance) (1.5 * count_over_time(up{{{source}}}[{span}]) + 2)"
             )
+            for s in doubled[:4]:
+                m = s["metric"]
+                problems.append(
+                    f"{metric} of job {m.get('job', '?')!r} instance {m.get('instance', '?')!r} has more "
+                    f"samples than the target had scrapes: a second producer writes the same series"
+                )
     if problems:
         return fail(name, "; ".join(problems[:6]), _producers_fix("these series"))
     if not dropped:
