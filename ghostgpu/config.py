@@ -623,7 +623,8 @@ class MetricsConfig(Model):
     max_clock_skew: Duration = Field(
         Duration("5s"),
         description="how far a sample's time or the agent's scan time may lead the controller's "
-        "clock; further ahead, the signal fails (a producer writing ahead drops the real samples)",
+        "clock, on top of prometheus.timeout (a sample scraped while the query runs); further "
+        "ahead, the signal fails (a producer writing ahead drops the real samples)",
     )
 
     @model_validator(mode="before")

@@ -259,7 +259,9 @@ def signal_sources(cfg: ControllerConfig, prom: PrometheusClient, executor: PodE
         agent_processes=agent,
         dra_devices=bool(cfg.dra_flavors),
         window=2 * cfg.metrics.scrape_interval.seconds,
-        max_clock_skew=cfg.metrics.max_clock_skew.seconds,
+        # A sample scraped while the query runs is as new as the query is slow (up to its timeout):
+        # not ahead of the clock.
+        max_clock_skew=cfg.metrics.max_clock_skew.seconds + cfg.prometheus.timeout.seconds,
         agent_source=cfg.metrics.agent_source,
     )
     if agent:

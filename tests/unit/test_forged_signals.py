@@ -242,18 +242,17 @@ def test_every_selector_of_the_query_names_its_source() -> None:
         assert q.count(f"{metric}{{") == q.count(f"{metric}{{{dcgm}")
     for metric in ("processes", "program", "scan_timestamp_seconds", "unseen"):
         name = f"ghostgpu_agent_container_{metric}"
-        assert q.count(f"{name}{{") == q.count(f"{name}{{{agent_sel}}}") > 0
+        assert q.count(f"{name}{{") == q.count(f"{name}{{{agent_sel}") > 0
     # samples ahead: the newest sample up to 4 minutes past now, newer than now + the skew; each
-    # metric's timestamp() tagged apart (utilization and framebuffer share a label set)
+    # GPU metric's timestamp() tagged apart (utilization and framebuffer share a label set), and
+    # the agent's scan and live roles (what a forger must write to make work look finished)
     at = f"@ {NOW + 240:.3f}"
-    for metric, sel in (
-        ("DCGM_FI_DEV_GPU_UTIL", dcgm),
-        ("DCGM_FI_DEV_FB_USED", dcgm),
-        ("ghostgpu_agent_container_scan_timestamp_seconds", agent_sel),
-        ("ghostgpu_agent_container_processes", agent_sel),
-    ):
-        assert f'label_replace(timestamp({metric}{{{sel}}} {at}), "ghostgpu_metric", ' in q, metric
-    assert q.count(f")) > {NOW + 5:.3f}, ") == 2
+    for metric in ("DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_FB_USED"):
+        assert f'label_replace(timestamp({metric}{{{dcgm}}} {at}), "ghostgpu_metric", ' in q, metric
+    assert f"timestamp(ghostgpu_agent_container_scan_timestamp_seconds{{{agent_sel}}} {at})) > " in q
+    live = 'role=~"work|timer|session"'
+    assert f"timestamp(ghostgpu_agent_container_processes{{{agent_sel}, {live}}} {at})) > " in q
+    assert q.count(f") > {NOW + 5:.3f}") == 3
 
 
 def test_interleaved_zeros_cannot_win_the_busiest_sample_of_two_scrape_intervals_is_read() -> None:
