@@ -47,8 +47,7 @@ UNSEEN_REASONS: dict[str, FailureReason] = {
 }
 # The `ghostgpu_field` values (utilization.FIELD_LABEL) of the agent's parts of the answer.
 ROLE_FIELD, PROGRAM_FIELD, SCAN_FIELD, UNSEEN_FIELD = "proc", "prog", "scan", "unseen"
-SCAN_AHEAD_FIELD = "scanahead"  # a scan time ahead of the controller's clock
-AGENT_FIELDS = frozenset({ROLE_FIELD, PROGRAM_FIELD, SCAN_FIELD, UNSEEN_FIELD, SCAN_AHEAD_FIELD})
+AGENT_FIELDS = frozenset({ROLE_FIELD, PROGRAM_FIELD, SCAN_FIELD, UNSEEN_FIELD})
 # The labels every per-container series carries: the tracked container's, under names no scrape
 # sets (a target's own namespace/pod/container labels are the agent pod's).
 TRACKED_NAMESPACE, TRACKED_POD, TRACKED_UID, TRACKED_CONTAINER = (
@@ -73,7 +72,6 @@ def query_parts(
     field_label: str,
     source: str,
     window: str,
-    max_clock_skew: float,
     ahead: tuple[float, float] | None = None,
     ahead_field: str = "ahead",
 ) -> list[str]:
@@ -102,12 +100,6 @@ def query_parts(
         part(f"max_over_time({PROCESSES_METRIC}{sel}[{window}])", "max", f"{_KEY}, role", ROLE_FIELD),
         part(f"max_over_time({PROGRAM_METRIC}{sel}[{window}])", "max", f"{_KEY}, program", PROGRAM_FIELD),
         part(f"min_over_time({SCAN_METRIC}{sel}[{window}])", "min", _KEY, SCAN_FIELD),
-        part(
-            f"max_over_time({SCAN_METRIC}{sel}[{window}]) > time() + {max_clock_skew:g}",
-            "max",
-            _KEY,
-            SCAN_AHEAD_FIELD,
-        ),
         part(f"max_over_time({UNSEEN_METRIC}{sel}[{window}]) == 1", "max", f"{_KEY}, reason", UNSEEN_FIELD),
     ]
     if ahead is not None:
@@ -132,7 +124,6 @@ class _Container:
     scan: float | None = None
     unseen: list[str] = field(default_factory=list)
     bad: str = ""  # why the series cannot be read (a value that is not a count, an unknown role)
-    ahead: float | None = None  # a scan time ahead of the controller's clock
 
 
 @dataclass(slots=True)
@@ -173,8 +164,6 @@ class AgentAnswer:
             c.scan = value
         elif kind == UNSEEN_FIELD:
             c.unseen.append(labels.get("reason", ""))
-        elif kind == SCAN_AHEAD_FIELD:
-            c.ahead = value
 
     def counts(self, pod: PodRef, max_age: float) -> ProcessCounts | SignalFailure:
         """One container's counts, or why there are none (never raises)."""
@@ -200,12 +189,12 @@ class AgentAnswer:
                 reason=FailureReason.UNTRUSTED,
                 detail=f"the agent's series of {where} name pod uid {named[:40]!r}, the live pod's is {live}",
             )
-        if c.ahead is None and c.scan is not None and c.scan > self.eval_time + self.max_clock_skew:
-            c.ahead = c.scan  # the query's check, again on the value read (min over the window)
-        if c.ahead is not None:
+        if c.scan is not None and c.scan > self.eval_time + self.max_clock_skew:
+            # The oldest scan of the window: a forged scan ahead beside a real one is outvoted
+            # (min), one alone fails here.
             return SignalFailure(
                 reason=FailureReason.UNTRUSTED,
-                detail=f"the agent's scan of {where} is {c.ahead - self.eval_time:.0f}s ahead of the "
+                detail=f"the agent's scan of {where} is {c.scan - self.eval_time:.0f}s ahead of the "
                 f"controller's clock",
             )
         if c.unseen:

@@ -314,7 +314,6 @@ def build_query(spec: QuerySpec, pods: Iterable[PodKey], *, now: float | None = 
             field_label=FIELD_LABEL,
             source=spec.agent_source,
             window=window,
-            max_clock_skew=spec.max_clock_skew,
             ahead=(now + AHEAD_HORIZON, now + spec.max_clock_skew) if now is not None else None,
             ahead_field=AHEAD_FIELD,
         )
@@ -349,7 +348,6 @@ def every_signal_query(spec: QuerySpec, pods: Iterable[PodKey], *, agent: bool =
             field_label=FIELD_LABEL,
             source=spec.agent_source or spec.source,
             window=variables["window"],
-            max_clock_skew=spec.max_clock_skew,
         )
     return " or ".join(parts)
 
