@@ -207,6 +207,8 @@ def _dcgm_dra(pod: str, container: str, gpu: str, device: str, metric: str = "DC
         "dra_pool_name": "node-1",
         "namespace": "team-a",
         "pod": pod,
+        "job": "dcgm-exporter",  # the scrape the query reads them from (metrics.dcgm.source)
+        "instance": "10.0.0.9:9400",
     }
     return metric + "{" + ",".join(f'{k}="{v}"' for k, v in labels.items()) + "}"
 

@@ -4,17 +4,22 @@ ends in a failed signal, so the verdict of a busy workload can never be FINISHED
 ZOMBIE_CRASHED. Every case has its honest twin, which is reclaimable: the checks are what tells
 them apart, not a broken answer.
 
-What Prometheus itself computes (the source selector, the busiest sample of the window, samples
-ahead of the clock) is asserted on the query here and proven against a real Prometheus in
-tests/e2e/test_forged_series.py.
+What Prometheus itself computes is asserted on the query here; the source selector and the
+busiest sample of the window are also evaluated by Prometheus's own engine (promtool), and samples
+ahead of the clock (which promtool's test loader does not hold: it loads samples up to the
+evaluation time) against a real Prometheus in tests/e2e/test_forged_series.py.
 """
 
 from __future__ import annotations
 
+import shutil
+import subprocess
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from test_signals_agent import Prom
 
 from ghostgpu.config import ControllerConfig, MetricsConfig, load_config_text
@@ -310,3 +315,69 @@ def test_a_source_regex_is_quoted_into_the_query() -> None:
     cfg = load_config_text(MINIMAL + "controller:\n  metrics: {dcgm: {source: {job: 'a\"b|c\\.d'}}}\n")
     spec = QuerySpec.from_preset(cfg.controller.metrics.dcgm, max_sample_age=60)
     assert spec.source == 'job=~"a\\"b|c\\\\.d"'
+
+
+# --- the query evaluated by Prometheus's own engine (promtool) ---------------------------------------
+
+PROMTOOL = pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool (Prometheus) not installed")
+DCGM_LABELS = (
+    'job="dcgm-exporter",instance="10.0.0.9:9400",gpu="0",UUID="GPU-0",container="main",namespace="team-a"'
+)
+
+
+def promtool(
+    tmp_path: Path, query: str, series: list[dict[str, str]], at: str, expected: list[dict[str, Any]]
+) -> str:
+    """Run `query` at `at` over `series` (15 s apart) in promtool's Prometheus engine; the output
+    (empty when the answer is exactly `expected`)."""
+    test = {
+        "rule_files": [],
+        "evaluation_interval": "15s",
+        "tests": [
+            {
+                "interval": "15s",
+                "input_series": series,
+                "promql_expr_test": [{"expr": query, "eval_time": at, "exp_samples": expected}],
+            }
+        ],
+    }
+    path = tmp_path / "query_test.yaml"
+    path.write_text(yaml.safe_dump(test, sort_keys=False, width=100_000))
+    run = subprocess.run(["promtool", "test", "rules", str(path)], capture_output=True, text=True, timeout=60)
+    return "" if run.returncode == 0 else run.stdout + run.stderr
+
+
+def _sample(value: float, **labels: str) -> dict[str, Any]:
+    return {"labels": "{" + ",".join(f'{k}="{v}"' for k, v in sorted(labels.items())) + "}", "value": value}
+
+
+@PROMTOOL
+def test_interleaved_zeros_read_busy_in_prometheus(tmp_path: Path) -> None:
+    """A busy GPU's samples (90) interleaved with a second producer's zeros in one series, the
+    newest a zero: the reading is 90 (an instant read of the newest sample was 0, an idle pod)."""
+    spec = QuerySpec.from_preset(METRICS.dcgm, max_sample_age=MAX_AGE, window=30.0)
+    series = [{"series": f'DCGM_FI_DEV_GPU_UTIL{{{DCGM_LABELS},pod="busy"}}', "values": "90 0 90 0 90 0"}]
+    q = build_query(spec, [PodKey("team-a", "busy")], now=75.0)
+    assert not promtool(
+        tmp_path, q, series, "75s", [_sample(90, ghostgpu_field="util", namespace="team-a", pod="busy")]
+    )
+    # what an instant read answers here: the forger's zero
+    instant = 'max by (namespace, pod) (DCGM_FI_DEV_GPU_UTIL{namespace="team-a"})'
+    assert not promtool(tmp_path, instant, series, "75s", [_sample(0, namespace="team-a", pod="busy")])
+
+
+@PROMTOOL
+def test_a_series_of_another_scrape_is_not_read_in_prometheus(tmp_path: Path) -> None:
+    """The victim's exact exporter labels at 0 from a tenant's scrape (job kubernetes-pods) beside
+    the real busy series: the reading is the real one's."""
+    spec = QuerySpec.from_preset(METRICS.dcgm, max_sample_age=MAX_AGE, window=30.0)
+    forged = DCGM_LABELS.replace('job="dcgm-exporter"', 'job="kubernetes-pods"')
+    series = [
+        {"series": f'DCGM_FI_DEV_GPU_UTIL{{{DCGM_LABELS},pod="busy"}}', "values": "90x4"},
+        {"series": f'DCGM_FI_DEV_GPU_UTIL{{{forged},pod="busy"}}', "values": "0x4"},
+        {"series": f'DCGM_FI_DEV_GPU_UTIL{{{forged},pod="ghost"}}', "values": "0x4"},  # no such pod
+    ]
+    q = build_query(spec, [PodKey("team-a", "busy"), PodKey("team-a", "ghost")], now=60.0)
+    assert not promtool(
+        tmp_path, q, series, "60s", [_sample(90, ghostgpu_field="util", namespace="team-a", pod="busy")]
+    )
