@@ -73,12 +73,18 @@ def tracked_gpu_pods(pods: Sequence[dict[str, Any]], opted_in: Sequence[str]) ->
 async def check_gpu_series(
     prom: PromReader, ctrl: ControllerConfig, tracked: Sequence[tuple[str, str]]
 ) -> Row:
+    from ghostgpu.promql import label_matchers
+
     preset = ctrl.metrics.active
-    metric, ns_label, pod_label = preset.utilization_metric, preset.namespace_label, preset.pod_label
+    ns_label, pod_label = preset.namespace_label, preset.pod_label
+    # Only the series the controller reads: those of the scrape the config names.
+    source = label_matchers(preset.source)
+    metric = f"{preset.utilization_metric}{{{source}}}"
     name = "prometheus: GPU series"
     fix = (
         f"run dcgm-exporter (or the configured exporter) on every GPU node with its pod mapping on, "
-        f"scraped with honorLabels so {ns_label}/{pod_label} stay the pod's (controller.metrics)"
+        f"scraped with honorLabels so {ns_label}/{pod_label} stay the pod's, and name its scrape in "
+        f"controller.metrics.{ctrl.metrics.preset}.source (now {{{source}}})"
     )
     recent = f"last_over_time({metric}[5m])"
     seen = await prom.query(f"group by (job, instance, {ns_label}, {pod_label}) ({recent})")
