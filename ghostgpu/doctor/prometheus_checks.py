@@ -177,6 +177,9 @@ async def check_signal_sources(prom: PromReader, ctrl: ControllerConfig, namespa
         f"[{PRODUCER_LOOKBACK}])) + sum(increase(prometheus_target_scrapes_sample_duplicate_timestamp_total"
         f"[{PRODUCER_LOOKBACK}]))"
     )
+    if not dropped:
+        # One sample of the counters yet (Prometheus just started) has no increase: nothing dropped.
+        dropped = await prom.query("count(prometheus_target_scrapes_sample_out_of_order_total) * 0")
     count = float(dropped[0]["value"][1]) if dropped else 0.0
     if count > 0:
         problems.append(

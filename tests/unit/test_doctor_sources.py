@@ -21,8 +21,14 @@ class Prom:
 
     async def query(self, promql: str) -> list[dict[str, Any]]:
         self.queries.append(promql)
-        if "prometheus_target_scrapes_sample_out_of_order_total" in promql:
-            return [] if self.dropped is None else [{"metric": {}, "value": [0, str(self.dropped)]}]
+        if "increase(prometheus_target_scrapes_sample_out_of_order_total" in promql:
+            return (
+                []
+                if self.dropped is None or self.dropped < 0
+                else [{"metric": {}, "value": [0, str(self.dropped)]}]
+            )
+        if "count(prometheus_target_scrapes_sample_out_of_order_total)" in promql:
+            return [{"metric": {}, "value": [0, "0"]}] if self.dropped is not None else []
         return next((result for needle, result in self.answers if needle in promql), [])
 
 
@@ -66,5 +72,7 @@ async def test_dropped_out_of_order_samples_fail_the_row_and_no_self_scrape_warn
     assert row.status == "fail" and "42 out-of-order or duplicate" in row.found
     row = await run(Prom(dropped=None))
     assert row.status == "warn" and "does not scrape itself" in row.found
+    row = await run(Prom(dropped=-1))  # the counters have one sample yet: no increase, nothing dropped
+    assert row.status == "ok"
     row = await run(Prom(), namespaces=[])
     assert row.status == "warn"
