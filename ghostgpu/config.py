@@ -46,6 +46,7 @@ from ghostgpu.config_errors import (
     parse_yaml,
 )
 from ghostgpu.image_ref import validate_image_ref
+from ghostgpu.promql import label_matchers
 from ghostgpu.quantity import Duration, Quantity
 from ghostgpu.verdict import ProcessPolicy
 
@@ -577,6 +578,8 @@ _QUERY_PLACEHOLDERS = frozenset(
         "utilization_metric",
         "framebuffer_metric",
         "xid_metric",
+        "source",
+        "window",
     }
 )
 
@@ -597,13 +600,55 @@ def _query_template(value: str) -> str:
 QueryTemplate = Annotated[str, AfterValidator(_query_template)]
 
 
+_PROM_LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
+
+
+def _source_selector(value: dict[str, str]) -> dict[str, str]:
+    """Label name -> regex a series' label must fully match (PromQL `=~`): the scrape job (and
+    namespace) that produce a signal. A regex that matches the empty string would also accept a
+    series without the label, so it pins nothing."""
+    if not value:
+        raise ValueError(
+            "name at least one label of the scrape that produces the series, e.g. {job: dcgm-exporter}"
+        )
+    for name, regex in value.items():
+        if not _PROM_LABEL_NAME.match(name) or name.startswith("__"):
+            raise ValueError(f"{name!r} is not a Prometheus label name (or is a reserved __ label)")
+        if not isinstance(regex, str) or "\n" in regex:
+            raise ValueError(f"{name}: expected a one-line regular expression, got {regex!r}")
+        try:
+            compiled = re.compile(regex)
+        except re.error as exc:
+            raise ValueError(f"{name}: {regex!r} is not a regular expression ({exc})") from None
+        if compiled.fullmatch(""):
+            raise ValueError(
+                f"{name}: {regex!r} matches the empty string, so it also selects series without a "
+                f"{name} label: name the source's value(s), e.g. dcgm-exporter|nvidia-dcgm-exporter"
+            )
+    return dict(sorted(value.items()))
+
+
+SourceSelector = Annotated[dict[str, str], AfterValidator(_source_selector)]
+
+
+# The scrape job of the GPU Operator's dcgm-exporter (its Service, nvidia-dcgm-exporter) and of the
+# dcgm-exporter Helm chart's (dcgm-exporter).
+DCGM_JOBS = "nvidia-dcgm-exporter|dcgm-exporter"
+# The rendered node agent's scrape: its ServiceMonitor's job (the Service's app.kubernetes.io/name)
+# and the namespace Prometheus sets from the target (the agent's own; render.AGENT_NAMESPACE).
+AGENT_SOURCE = {"job": "ghostgpu-agent", "namespace": "ghostgpu-agent"}
+
+
 class MetricsPreset(Model):
     """Where GPU signals live in Prometheus for one exporter family.
 
     Query templates are `string.Template` PromQL; the controller fills `${namespaces}` with the
     regex alternation of the tracked pods' namespaces and `${pods}` with `.+`, and keeps the tracked
     pods' series itself: one query per poll covers the whole fleet, and its size does not grow
-    with it (`render_query` still names pods, for a person reading one workload's series)."""
+    with it (`render_query` still names pods, for a person reading one workload's series).
+    `${source}` is the preset's `source` selector (`xidSource` in xidQuery): every series is read
+    from the scrape that produces it, never by metric name and pod labels alone (docs/threat-model.md).
+    `${window}` is two scrape intervals: the utilization reading is the busiest sample in it."""
 
     utilization_metric: str = Field(
         description="The GPU utilization series.",
@@ -623,6 +668,16 @@ class MetricsPreset(Model):
     pod_label: str = Field(
         description="The label that carries the pod's name on these series.",
     )
+    source: SourceSelector = Field(
+        description="Labels of the scrape that produces the utilization and framebuffer series "
+        "(job, and namespace where it helps); series of any other scrape are not read."
+    )
+    xid_source: SourceSelector = Field(description="The same, for the XID series.")
+    pod_uid_label: str = Field(
+        "",
+        description="The exporter's label with the pod's UID (dcgm-exporter: pod_uid, with "
+        "--kubernetes-enable-pod-uid); a series whose UID is not the live pod's fails the pod.",
+    )
     utilization_query: QueryTemplate = Field(
         description="The utilization query ($-placeholders filled per poll); one query covers every "
         "tracked pod.",
@@ -634,8 +689,39 @@ class MetricsPreset(Model):
         description="The XID query, per pod.",
     )
 
+    @field_validator("pod_uid_label")
+    @classmethod
+    def _uid_label(cls, value: str) -> str:
+        if value and not _PROM_LABEL_NAME.match(value):
+            raise ValueError(f"{value!r} is not a Prometheus label name")
+        return value
+
+    @model_validator(mode="after")
+    def _pinned(self) -> MetricsPreset:
+        for key, template in (
+            ("utilizationQuery", self.utilization_query),
+            ("framebufferQuery", self.framebuffer_query),
+            ("xidQuery", self.xid_query),
+        ):
+            if template and "${source}" not in template:
+                raise ValueError(
+                    f"{key} must select its series with ${{source}} (the scrape that produces them, "
+                    f"e.g. {{${{source}}, ...}}): a series matched by name and pod labels alone can "
+                    f"come from any target"
+                )
+        if "${window}" not in self.utilization_query:
+            raise ValueError(
+                "utilizationQuery must read the busiest sample of the window, e.g. "
+                "max_over_time(...[${window}]): an instant read sees only the newest sample, which "
+                "a second producer can interleave"
+            )
+        return self
+
     def render_query(
-        self, kind: Literal["utilization", "framebuffer", "xid"], pods: Sequence[tuple[str, str]]
+        self,
+        kind: Literal["utilization", "framebuffer", "xid"],
+        pods: Sequence[tuple[str, str]],
+        window: str = "1m",
     ) -> str:
         """PromQL for `kind` over the given (namespace, pod) pairs, batched into one query."""
         template = {
@@ -653,6 +739,8 @@ class MetricsPreset(Model):
             utilization_metric=self.utilization_metric,
             framebuffer_metric=self.framebuffer_metric,
             xid_metric=self.xid_metric,
+            source=label_matchers(self.xid_source if kind == "xid" else self.source),
+            window=window,
         )
 
 
@@ -661,7 +749,7 @@ def _promql_alternation(values: Sequence[str]) -> str:
     return "|".join(v.replace(".", "\\\\.") for v in values) if values else "^$"
 
 
-_SELECTOR = '{${namespace_label}=~"${namespaces}", ${pod_label}=~"${pods}"}'
+_SELECTOR = '{${source}, ${namespace_label}=~"${namespaces}", ${pod_label}=~"${pods}"}'
 
 
 def _dcgm_preset() -> MetricsPreset:
@@ -675,15 +763,18 @@ def _dcgm_preset() -> MetricsPreset:
         xid_metric="DCGM_FI_DEV_XID_ERRORS",
         namespace_label="namespace",
         pod_label="pod",
-        utilization_query="max by (${namespace_label}, ${pod_label}) (${utilization_metric}"
+        source={"job": DCGM_JOBS},
+        xid_source={"job": DCGM_JOBS},
+        pod_uid_label="pod_uid",
+        utilization_query="max by (${namespace_label}, ${pod_label}) (max_over_time(${utilization_metric}"
         + _SELECTOR
-        + ")",
+        + "[${window}]))",
         # One GPU's series per container that uses it: a DRA device two containers name is two
-        # series (dcgm-exporter's toDeviceToPodsDRA), counted once.
+        # series (dcgm-exporter's toDeviceToPodsDRA), counted once. The fullest sample of the window.
         framebuffer_query="sum by (${namespace_label}, ${pod_label}) "
-        + "(max without (container) (${framebuffer_metric}"
+        + "(max without (container) (max_over_time(${framebuffer_metric}"
         + _SELECTOR
-        + "))",
+        + "[${window}])))",
         xid_query="max by (${namespace_label}, ${pod_label}) (${xid_metric}" + _SELECTOR + ")",
     )
 
@@ -699,13 +790,18 @@ def _hami_preset() -> MetricsPreset:
         xid_metric="DCGM_FI_DEV_XID_ERRORS",
         namespace_label="podnamespace",
         pod_label="podname",
-        utilization_query="max by (${namespace_label}, ${pod_label}) (${utilization_metric}"
+        # HAMi's device plugin monitor Service (hami-device-plugin-monitor); XIDs from dcgm-exporter.
+        source={"job": "hami-device-plugin-monitor"},
+        xid_source={"job": DCGM_JOBS},
+        utilization_query="max by (${namespace_label}, ${pod_label}) (max_over_time(${utilization_metric}"
         + _SELECTOR
-        + ")",
-        framebuffer_query="sum by (${namespace_label}, ${pod_label}) (${framebuffer_metric}"
+        + "[${window}]))",
+        framebuffer_query="sum by (${namespace_label}, ${pod_label}) (max without (container) "
+        + "(max_over_time(${framebuffer_metric}"
         + _SELECTOR
-        + ")",
-        xid_query='max by (namespace, pod) (${xid_metric}{namespace=~"${namespaces}", pod=~"${pods}"})',
+        + "[${window}])))",
+        xid_query="max by (namespace, pod) "
+        + '(${xid_metric}{${source}, namespace=~"${namespaces}", pod=~"${pods}"})',
     )
 
 
@@ -726,6 +822,22 @@ class MetricsConfig(Model):
     hami: MetricsPreset = Field(
         default_factory=_hami_preset,
         description="The HAMi preset; a key given here overrides just that field of the built-in one.",
+    )
+    agent_source: SourceSelector = Field(
+        default_factory=lambda: dict(AGENT_SOURCE),
+        description="Labels of the scrape of the node agent (processSource: agent): the rendered "
+        "ServiceMonitor's job and the agent's namespace, which Prometheus sets from the target.",
+    )
+    scrape_interval: Duration = Field(
+        Duration("30s"),
+        description="How often Prometheus scrapes the GPU exporter and the agent (the longer of the "
+        "two): a busy sample anywhere in the last two intervals keeps a workload.",
+    )
+    max_clock_skew: Duration = Field(
+        Duration("5s"),
+        description="How far a sample's time or the agent's scan time may lead the controller's "
+        "clock, on top of prometheus.timeout (a sample scraped while the query runs); further "
+        "ahead, the signal fails (a producer writing ahead drops the real samples).",
     )
 
     @model_validator(mode="before")

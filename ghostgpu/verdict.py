@@ -58,6 +58,9 @@ class FailureReason(StrEnum):
     NO_CGROUP_MATCH = "no-cgroup-match"  # no host pid's cgroup names the container
     PROC_UNREADABLE = "proc-unreadable"  # the node's /proc could not be read
     NOT_RUNNING = "not-running"  # the container is not running on the node
+    # A series contradicts what the controller knows: another pod's UID, a sample or scan time
+    # ahead of its clock (docs/threat-model.md).
+    UNTRUSTED = "untrusted"
     OTHER = "other"
 
 

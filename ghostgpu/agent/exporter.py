@@ -1,6 +1,8 @@
 """The agent's Prometheus series (docs/agent.md: the controller parses exactly these).
 
-Per container the agent saw (labels namespace, pod, uid, container):
+Per container the agent saw (labels tracked_namespace, tracked_pod, tracked_uid,
+tracked_container: names of its own, so that no scrape overwrites them and its ServiceMonitor
+needs no honorLabels; ghostgpu.signals.agent reads them):
 - `ghostgpu_agent_container_processes{role}`: every role, 0 included (6 series);
 - `ghostgpu_agent_container_program{program}` = 1: the programs that keep it alive, sorted, the
   first 4, each cut at 64 characters;
@@ -26,7 +28,7 @@ from ghostgpu import __version__
 from ghostgpu.agent.scan import ScanResult, Seen, Unseen
 from ghostgpu.verdict import ProcessRole
 
-CONTAINER_LABELS = ("namespace", "pod", "uid", "container")
+CONTAINER_LABELS = ("tracked_namespace", "tracked_pod", "tracked_uid", "tracked_container")
 ROLES = tuple(r.value for r in ProcessRole)
 MAX_PROGRAMS = 4
 MAX_PROGRAM_CHARS = 64

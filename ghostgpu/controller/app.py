@@ -253,20 +253,18 @@ def signal_sources(cfg: ControllerConfig, prom: PrometheusClient, executor: PodE
         zero_threshold=cfg.zero_threshold,
         agent_processes=agent,
         dra_devices=bool(cfg.dra_flavors),
+        window=2 * cfg.metrics.scrape_interval.seconds,
+        # A sample scraped while the query runs is as new as the query is slow: not ahead of the clock.
+        max_clock_skew=cfg.metrics.max_clock_skew.seconds + cfg.prometheus.timeout.seconds,
+        agent_source=cfg.metrics.agent_source,
     )
     if agent:
         series = AgentSeries()
         # The agent's scan may be as old as a utilization sample may (staleAfter), no older.
-        return SignalSources(
-            UtilizationSource(prom, spec, agent=series),
-            AgentProcessSource(series, max_age=cfg.stale_after.seconds),
-            FileArtifactProbe(NoExec(), timeout=10.0),
-        )
-    return SignalSources(
-        UtilizationSource(prom, spec),
-        ExecProcessSource(executor, concurrency=8, timeout=10.0),
-        FileArtifactProbe(executor, timeout=10.0),
-    )
+        ps = AgentProcessSource(series, max_age=cfg.stale_after.seconds)
+        return SignalSources(UtilizationSource(prom, spec, agent=series), ps, FileArtifactProbe(NoExec()))
+    processes = ExecProcessSource(executor, concurrency=8, timeout=10.0)
+    return SignalSources(UtilizationSource(prom, spec), processes, FileArtifactProbe(executor, timeout=10.0))
 
 
 CONTROLLER_USER_AGENT = f"ghostgpu-controller/{__version__}"

@@ -137,6 +137,21 @@ class DevCluster:
 
     def unscrape(self, name: str) -> None:
         (self.state_dir / SCRAPE_TARGETS_DIR / f"{name}.json").unlink(missing_ok=True)
+        (self.state_dir / SCRAPE_TARGETS_DIR / components.TENANT_PODS_DIR / f"{name}.json").unlink(
+            missing_ok=True
+        )
+
+    def scrape_pod(self, name: str, port: int, namespace: str, pod: str, path: str = "/metrics") -> None:
+        """Let Prometheus scrape 127.0.0.1:port<path> as a tenant pod's target (job kubernetes-pods,
+        honor_labels: the exporter's own labels win over namespace/pod/job/instance) until
+        unscrape(name)."""
+        pods = self.state_dir / SCRAPE_TARGETS_DIR / components.TENANT_PODS_DIR
+        if not pods.is_dir():
+            raise RuntimeError(f"{pods}: missing; this devcluster predates tenant pod targets, restart it")
+        labels = {"namespace": namespace, "pod": pod, "__metrics_path__": path}
+        tmp = pods / f".{name}.json.tmp"
+        tmp.write_text(json.dumps([{"targets": [f"127.0.0.1:{port}"], "labels": labels}]))
+        tmp.rename(pods / f"{name}.json")
 
     def restart_kueue(
         self,
@@ -748,8 +763,9 @@ class _Starter:
         )
         cfg = self.dir / "prometheus.yml"
         targets = self.dir / SCRAPE_TARGETS_DIR
-        targets.mkdir()
-        cfg.write_text(yaml.safe_dump(components.prometheus_config(dport, targets), sort_keys=True))
+        (targets / components.TENANT_PODS_DIR).mkdir(parents=True)
+        config = components.prometheus_config(dport, targets, prometheus_port=pport)
+        cfg.write_text(yaml.safe_dump(config, sort_keys=True))
         self._prom_rec = self._start(
             "prometheus",
             [

@@ -343,13 +343,25 @@ def kyverno_env(service_account: str) -> dict[str, str]:
 
 CONTROLLER_SCRAPE_JOB = "ghostgpu-controller"  # the job name the controller/ ServiceMonitor gives
 AGENT_SCRAPE_JOB = "ghostgpu-agent"
+AGENT_NAMESPACE = "ghostgpu-agent"  # what the bundle's agent ServiceMonitor gives its series
+
+
+TENANT_PODS_JOB = "kubernetes-pods"
+TENANT_PODS_DIR = "pods"  # under targets_dir: the file_sd targets of TENANT_PODS_JOB
 
 
 def prometheus_config(
-    dcgm_port: int, targets_dir: Path | None = None, scrape_interval: str = "1s"
+    dcgm_port: int,
+    targets_dir: Path | None = None,
+    scrape_interval: str = "1s",
+    prometheus_port: int | None = None,
 ) -> dict[str, Any]:
     """Scrape the fake dcgm-exporter; with targets_dir, also every controller whose port a test
-    registers there at runtime (file_sd: a JSON file per target, picked up without a reload)."""
+    registers there at runtime (file_sd: a JSON file per target, picked up without a reload), and
+    every tenant pod a test registers under targets_dir/pods, as the prometheus-community chart's
+    `kubernetes-pods` job scrapes annotated pods: with honor_labels, so that a tenant's exporter can
+    write any label (what docs/threat-model.md assumes of a real cluster). With prometheus_port,
+    Prometheus also scrapes itself (its counters of dropped samples, which `ghostgpu doctor` reads)."""
     jobs: list[dict[str, Any]] = [
         {
             "job_name": "dcgm-exporter",
@@ -359,13 +371,15 @@ def prometheus_config(
         },
         {
             # The node agent's series, served by the same fake exporter as a target of their own (as
-            # the agent's pods are), so that a test can take this target down alone. Its
-            # namespace/pod labels are the tracked pods', as the bundle's ServiceMonitor keeps them.
+            # the agent's pods are), so that a test can take this target down alone. As the
+            # bundle's ServiceMonitor: no honor_labels, and the target's job and namespace are the
+            # agent's (the controller reads its series only from there: metrics.agentSource).
             "job_name": AGENT_SCRAPE_JOB,
             "scrape_interval": scrape_interval,
-            "honor_labels": True,
             "metrics_path": "/agent/metrics",
-            "static_configs": [{"targets": [f"127.0.0.1:{dcgm_port}"]}],
+            "static_configs": [
+                {"targets": [f"127.0.0.1:{dcgm_port}"], "labels": {"namespace": AGENT_NAMESPACE}}
+            ],
         },
     ]
     if targets_dir is not None:
@@ -374,6 +388,24 @@ def prometheus_config(
                 "job_name": CONTROLLER_SCRAPE_JOB,
                 "scrape_interval": scrape_interval,
                 "file_sd_configs": [{"files": [str(targets_dir / "*.json")], "refresh_interval": "1s"}],
+            }
+        )
+        jobs.append(
+            {
+                "job_name": TENANT_PODS_JOB,
+                "scrape_interval": scrape_interval,
+                "honor_labels": True,
+                "file_sd_configs": [
+                    {"files": [str(targets_dir / TENANT_PODS_DIR / "*.json")], "refresh_interval": "1s"}
+                ],
+            }
+        )
+    if prometheus_port is not None:
+        jobs.append(
+            {
+                "job_name": "prometheus",
+                "scrape_interval": "5s",
+                "static_configs": [{"targets": [f"127.0.0.1:{prometheus_port}"]}],
             }
         )
     return {

@@ -118,6 +118,8 @@ def controller_config(dest: Path, prometheus_url: str, mode: str) -> Path:
     """examples/ghostgpu.yaml with a demo's pace: a poll every 2 s, verdicts after 3 samples, and a
     long window (IDLE_HELD) no demo run reaches."""
     cfg = yaml.safe_load((REPO_ROOT / "examples" / "ghostgpu.yaml").read_text())
+    # The devcluster's Prometheus scrapes every second: a reading is the busiest sample of 2 s.
+    cfg["controller"]["metrics"]["scrapeInterval"] = "1s"
     cfg["controller"].update(
         mode=mode,
         # The processes come from exec'd `ps` here: the demo runs no node agent (whose DaemonSet the

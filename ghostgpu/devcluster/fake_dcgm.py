@@ -157,10 +157,10 @@ class AgentContainer(BaseModel):
         base = ",".join(
             f'{k}="{_escape(v)}"'
             for k, v in (
-                ("namespace", self.namespace),
-                ("pod", self.pod),
-                ("uid", self.uid),
-                ("container", self.container),
+                ("tracked_namespace", self.namespace),
+                ("tracked_pod", self.pod),
+                ("tracked_uid", self.uid),
+                ("tracked_container", self.container),
             )
         )
         out: dict[str, list[str]] = {name: [] for name in AGENT_METRICS}

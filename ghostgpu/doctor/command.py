@@ -82,10 +82,14 @@ async def run_doctor(cfg: GhostgpuConfig, kubeconfig: str | None) -> list[Row]:
         except Exception as exc:
             namespaces_row, namespaces = _failed("namespaces: opted in", exc), []
         known = cc.namespaces_with_known_team(namespaces, cfg)
+        sources = "prometheus: one producer per signal"
         if reachable:
             rows.append(await _row("prometheus: GPU series", _gpu_series(reads, prom, ctrl, known)))
+            opted = sorted(n["metadata"]["name"] for n in namespaces)  # every one the controller reads
+            rows.append(await _row(sources, pc.check_signal_sources(prom, ctrl, opted)))
         else:
             rows.append(skip("prometheus: GPU series", "Prometheus is not reachable"))
+            rows.append(skip(sources, "Prometheus is not reachable"))
         rows += [
             namespaces_row or cc.check_namespaces(namespaces, cfg),
             await _row(

@@ -12,6 +12,7 @@ import httpx
 
 from ghostgpu.config import ControllerConfig
 from ghostgpu.doctor.report import Row, fail, ok, warn
+from ghostgpu.signals.agent import CONTAINER_METRICS
 
 GPU_RESOURCE_HINT = "nvidia.com/"
 
@@ -72,12 +73,18 @@ def tracked_gpu_pods(pods: Sequence[dict[str, Any]], opted_in: Sequence[str]) ->
 async def check_gpu_series(
     prom: PromReader, ctrl: ControllerConfig, tracked: Sequence[tuple[str, str]]
 ) -> Row:
+    from ghostgpu.promql import label_matchers
+
     preset = ctrl.metrics.active
-    metric, ns_label, pod_label = preset.utilization_metric, preset.namespace_label, preset.pod_label
+    ns_label, pod_label = preset.namespace_label, preset.pod_label
+    # Only the series the controller reads: those of the scrape the config names.
+    source = label_matchers(preset.source)
+    metric = f"{preset.utilization_metric}{{{source}}}"
     name = "prometheus: GPU series"
     fix = (
         f"run dcgm-exporter (or the configured exporter) on every GPU node with its pod mapping on, "
-        f"scraped with honorLabels so {ns_label}/{pod_label} stay the pod's (controller.metrics)"
+        f"scraped with honorLabels so {ns_label}/{pod_label} stay the pod's, and name its scrape in "
+        f"controller.metrics.{ctrl.metrics.preset}.source (now {{{source}}})"
     )
     recent = f"last_over_time({metric}[5m])"
     seen = await prom.query(f"group by (job, instance, {ns_label}, {pod_label}) ({recent})")
@@ -119,3 +126,109 @@ async def check_gpu_series(
             "run doctor again once GPU pods run in opted-in namespaces",
         )
     return ok(name, f"{found}; all {len(tracked)} tracked GPU pods have one")
+
+
+# How far back doctor looks for a second producer and for dropped samples.
+PRODUCER_LOOKBACK = "10m"
+
+
+def _producers_fix(what: str) -> str:
+    return (
+        f"find the target that writes {what} (the row names its job and instance) and stop it, or "
+        "stop Prometheus from keeping a tenant target's own labels: no honor_labels on scrapes of "
+        "tenant pods (Prometheus Operator: overrideHonorLabels: true on the Prometheus resource; "
+        "docs/threat-model.md)"
+    )
+
+
+async def check_signal_sources(prom: PromReader, ctrl: ControllerConfig, namespaces: Sequence[str]) -> Row:
+    """One producer per signal: the series the controller reads for the opted-in namespaces come
+    only from the scrapes ghostgpu.yaml names (metrics.<preset>.source, xidSource, agentSource),
+    one target per pod, and Prometheus drops no sample as out of order or duplicate (a second
+    producer writing the same series ahead of the real one makes it drop the real samples)."""
+    from ghostgpu.promql import label_matchers
+
+    name = "prometheus: one producer per signal"
+    if not namespaces:
+        return warn(name, "no opted-in namespace to look at", "run doctor again once namespaces opt in")
+    metrics = ctrl.metrics
+    preset = metrics.active
+    # Namespace names are DNS labels: no regex metacharacter to escape.
+    tracked = "|".join(sorted(namespaces))
+    ns_label, pod_label = preset.namespace_label, preset.pod_label
+    gpu_names = sorted({preset.utilization_metric, preset.framebuffer_metric})
+    kinds: list[tuple[list[str], str, str, tuple[str, str]]] = [
+        (gpu_names, f'{ns_label}=~"{tracked}"', label_matchers(preset.source), (ns_label, pod_label)),
+        (
+            [preset.xid_metric] if preset.xid_metric else [],
+            f'namespace=~"{tracked}"',
+            label_matchers(preset.xid_source),
+            ("namespace", "pod"),
+        ),
+    ]
+    if ctrl.process_source == "agent":
+        kinds.append(
+            (list(CONTAINER_METRICS), f'tracked_namespace=~"{tracked}"', label_matchers(metrics.agent_source),
+             ("tracked_namespace", "tracked_pod"))
+        )  # fmt: skip
+    problems: list[str] = []
+    dropped = await prom.query(
+        "sum(increase(prometheus_target_scrapes_sample_out_of_order_total"
+        f"[{PRODUCER_LOOKBACK}])) + sum(increase(prometheus_target_scrapes_sample_duplicate_timestamp_total"
+        f"[{PRODUCER_LOOKBACK}]))"
+    )
+    if not dropped:
+        # One sample of the counters yet (Prometheus just started) has no increase: nothing dropped.
+        dropped = await prom.query("count(prometheus_target_scrapes_sample_out_of_order_total) * 0")
+    count = float(dropped[0]["value"][1]) if dropped else 0.0
+    if count > 0:
+        problems.append(
+            f"Prometheus dropped {count:.0f} out-of-order or duplicate samples in the last "
+            f"{PRODUCER_LOOKBACK}: a target writes series another already writes, ahead of it "
+            "(its log names the target: 'Error on ingesting out-of-order samples')"
+        )
+    # Ten scrape intervals: long enough to count, short enough to see a producer that just began.
+    span = f"{10 * metrics.scrape_interval.seconds:g}s"
+    for metric_names, where, source, (ns, pod) in kinds:
+        if not metric_names:
+            continue
+        names = "|".join(metric_names)
+        # Plain selectors (Prometheus's lookback, 5 minutes) keep each series' metric name; a range
+        # function would drop it and merge two metrics' series of one label set into an error.
+        recent = f'{{__name__=~"{names}", {where}}}'
+        pinned = f'{{__name__=~"{names}", {where}, {source}}}'
+        others = await prom.query(f"group by (__name__, job, instance) ({recent} unless {pinned})")
+        for s in others[:4]:
+            m = s["metric"]
+            problems.append(
+                f"{m.get('__name__', names)} of an opted-in namespace written by job {m.get('job', '?')!r} "
+                f"instance {m.get('instance', '?')!r}, not by the source {{{source}}}"
+            )
+        two = await prom.query(f"count by ({ns}, {pod}) (group by ({ns}, {pod}, instance) ({pinned})) > 1")
+        for s in two[:4]:
+            m = s["metric"]
+            problems.append(f"{m.get(ns, '?')}/{m.get(pod, '?')} has {names} from {s['value'][1]} instances")
+        # More samples than the target had scrapes: a second producer writes the very same series.
+        for metric in metric_names:
+            doubled = await prom.query(
+                f"max by (job, instance) (count_over_time({metric}{{{where}, {source}}}[{span}])) "
+                f"> on (job, instance) (1.5 * count_over_time(up{{{source}}}[{span}]) + 2)"
+            )
+            for s in doubled[:4]:
+                m = s["metric"]
+                problems.append(
+                    f"{metric} of job {m.get('job', '?')!r} instance {m.get('instance', '?')!r} has more "
+                    f"samples than the target had scrapes: a second producer writes the same series"
+                )
+    if problems:
+        return fail(name, "; ".join(problems[:6]), _producers_fix("these series"))
+    if not dropped:
+        return warn(
+            name,
+            "every series comes from its source, one target per pod; Prometheus's own counters of "
+            "out-of-order and duplicate samples are not in Prometheus (it does not scrape itself)",
+            "let Prometheus scrape its own /metrics, then run doctor again",
+        )
+    return ok(
+        name, "every series comes from its source, one target per pod; no sample dropped as out of order"
+    )

@@ -29,7 +29,7 @@ from ghostgpu.devcluster import procs
 from ghostgpu.devcluster.cluster import DevCluster
 from ghostgpu.devcluster.nodes import GpuNodeSpec
 from ghostgpu.devcluster.paths import REPO_ROOT
-from ghostgpu.scale.exporter import start_metrics
+from ghostgpu.scale.exporter import SCRAPE_INTERVAL, start_metrics
 from ghostgpu.scale.fleet import GPUS_PER_NODE, FleetSpec, KubeHTTP, ensure_base, grow_pods, pod_uids
 from ghostgpu.signals.utilization import PodKey, QuerySpec, every_signal_query
 
@@ -232,6 +232,8 @@ def controller_config(prom_url: str, window: int, process_source: str = "agent")
         "startupGrace": "1s",
         "window": window,
         "prometheus": {"url": prom_url, "timeout": "60s"},
+        # The bench's Prometheus scrapes every SCRAPE_INTERVAL (exporter.start_metrics).
+        "metrics": {**(doc.get("controller") or {}).get("metrics", {}), "scrapeInterval": SCRAPE_INTERVAL},
     }
     return dict(doc)
 
@@ -365,7 +367,7 @@ async def _bench(cfg: BenchConfig, log: Log) -> list[SizeResult]:
     )
     fleet_file = state / "fleet.json"
     fleet_file.write_text("[]")
-    metric_procs, exporter_url, prom_url = start_metrics(state, fleet_file)
+    metric_procs, exporter_url, prom_url = start_metrics(state, fleet_file, scrape_interval=SCRAPE_INTERVAL)
     kube = KubeHTTP(cluster.state.server, Path(cluster.state.state_dir) / "pki")
     results: list[SizeResult] = []
     try:
@@ -422,6 +424,8 @@ def _floor(cfg: BenchConfig, spec: FleetSpec, n: int, prom_url: str) -> float:
         controller.metrics.active,
         max_sample_age=controller.stale_after.seconds,
         zero_threshold=controller.zero_threshold,
+        window=2 * controller.metrics.scrape_interval.seconds,
+        agent_source=controller.metrics.agent_source,
     )
     pods = [PodKey(spec.namespace(i), spec.pod(i)) for i in range(n)]
     query = every_signal_query(qspec, pods, agent=True)

@@ -69,7 +69,7 @@ def exposition(rows: list[list[Any]]) -> bytes:
 
 def _agent_labels(row: list[Any]) -> str:
     ns, pod, _node, _value, uid = row
-    return f'namespace="{ns}",pod="{pod}",uid="{uid}",container="{CONTAINER}"'
+    return f'tracked_namespace="{ns}",tracked_pod="{pod}",tracked_uid="{uid}",tracked_container="{CONTAINER}"'
 
 
 def agent_exposition(rows: list[list[Any]]) -> bytes:
@@ -103,22 +103,27 @@ def agent_scans(rows: list[list[Any]], now: float) -> bytes:
 
 
 class _Body:
-    """The exposition of the current fleet: the static part, rendered once per fleet change, and
-    the agents' scan timestamps, rendered again when a scrape finds them over a second old."""
+    """The exposition of the current fleet: the GPU series, and the agents' (a target of their own,
+    /agent/metrics, as the agent's pods are): their static part rendered once per fleet change, and
+    their scan timestamps rendered again when a scrape finds them over a second old."""
 
     def __init__(self, rows: list[list[Any]], agent: bool) -> None:
         self.rows = rows if agent else []
-        self.static = exposition(rows) + (agent_exposition(rows) if agent else b"")
+        self.static = exposition(rows)
+        self.agent = agent_exposition(rows) if agent else b""
         self._scans = b""
         self._scans_at = 0.0
 
     def render(self) -> bytes:
+        return self.static
+
+    def render_agent(self) -> bytes:
         if not self.rows:
-            return self.static
+            return self.agent
         now = time.time()
         if now - self._scans_at >= 1.0:
             self._scans, self._scans_at = agent_scans(self.rows, now), now
-        return self.static + self._scans
+        return self.agent + self._scans
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -138,7 +143,11 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile.write(data)
 
     def do_GET(self) -> None:
-        if self.path.startswith("/metrics"):
+        if self.path.startswith("/agent/metrics"):
+            with self.lock:
+                data = self.body[0].render_agent()
+            self._reply(200, data)
+        elif self.path.startswith("/metrics"):
             with self.lock:
                 data = self.body[0].render()
             self._reply(200, data)
@@ -172,13 +181,27 @@ def prometheus_config(exporter_port: int, scrape_interval: str) -> dict[str, Any
                 "scrape_interval": scrape_interval,
                 "scrape_timeout": scrape_interval,
                 "static_configs": [{"targets": [f"127.0.0.1:{exporter_port}"]}],
-            }
+            },
+            {
+                # The agents' series, scraped as the bundle's ServiceMonitor does: no honor_labels,
+                # the target's job and namespace (the controller's metrics.agentSource).
+                "job_name": "ghostgpu-agent",
+                "metrics_path": "/agent/metrics",
+                "scrape_interval": scrape_interval,
+                "scrape_timeout": scrape_interval,
+                "static_configs": [
+                    {"targets": [f"127.0.0.1:{exporter_port}"], "labels": {"namespace": "ghostgpu-agent"}}
+                ],
+            },
         ],
     }
 
 
+SCRAPE_INTERVAL = "5s"
+
+
 def start_metrics(
-    state: Path, fleet_file: Path, *, scrape_interval: str = "5s"
+    state: Path, fleet_file: Path, *, scrape_interval: str = SCRAPE_INTERVAL
 ) -> tuple[list[procs.ProcessRecord], str, str]:
     """Start the exporter and a Prometheus scraping it. Returns (processes, exporter URL, Prom URL)."""
     import sys

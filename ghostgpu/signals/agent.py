@@ -1,11 +1,13 @@
 """The processes signal from the node agent (`ghostgpu agent`, a DaemonSet on the GPU nodes), read
 through the poll's ONE PromQL query: no exec, no call from the controller to a node.
 
-The agent exports, per GPU container it tracks (docs/agent.md):
-  ghostgpu_agent_container_processes{namespace,pod,uid,container,role}   all six roles, 0 included
-  ghostgpu_agent_container_program{...,program} = 1                      up to 4 programs
-  ghostgpu_agent_container_scan_timestamp_seconds{...}                   unix time of the scan
-  ghostgpu_agent_container_unseen{...,reason} = 1                        a container it cannot see
+The agent exports, per GPU container it tracks (docs/agent.md), under label names of its own
+(tracked_namespace, tracked_pod, tracked_uid, tracked_container: no scrape sets them, so its
+ServiceMonitor needs no honorLabels and Prometheus sets job/namespace/instance from the target):
+  ghostgpu_agent_container_processes{tracked_*,role}   all six roles, 0 included
+  ghostgpu_agent_container_program{...,program} = 1    up to 4 programs
+  ghostgpu_agent_container_scan_timestamp_seconds{...} unix time of the scan
+  ghostgpu_agent_container_unseen{...,reason} = 1      a container it cannot see
 
 `query_parts` adds these to the utilization query (signals/utilization.py), for the pods whose
 utilization is at or under the zero threshold right now: the controller asks processes only for a
@@ -13,9 +15,12 @@ workload whose window is all zero, so every pod it asks about is among them, and
 containers cost the answer nothing. `AgentAnswer` collects the series of one answer and
 `AgentProcessSource` (the observe room's `ProcessSource`) hands out each container's counts.
 
-Fail safe (docs/design.md#signals): a container with no series (agent not running there,
-Prometheus not scraping it), an incomplete set of roles, a scan older than the signal's maximum
-age, or an unseen report is a SignalFailure: the verdict stays UNKNOWN, never reclaims.
+Every series is read only from the agent's scrape (the config's metrics.agentSource), over two
+scrape intervals: the most processes of each role and every program seen in them, the oldest scan
+(docs/threat-model.md). Fail safe (docs/design.md#signals): a container with no series (agent not
+running there, Prometheus not scraping it), an incomplete set of roles, a scan older than the
+signal's maximum age or ahead of the controller's clock, a pod UID that is not the live pod's, or an
+unseen report is a SignalFailure: the verdict stays UNKNOWN, never reclaims.
 """
 
 from __future__ import annotations
@@ -30,6 +35,9 @@ PROCESSES_METRIC = "ghostgpu_agent_container_processes"
 PROGRAM_METRIC = "ghostgpu_agent_container_program"
 SCAN_METRIC = "ghostgpu_agent_container_scan_timestamp_seconds"
 UNSEEN_METRIC = "ghostgpu_agent_container_unseen"
+CONTAINER_METRICS = (PROCESSES_METRIC, PROGRAM_METRIC, SCAN_METRIC, UNSEEN_METRIC)
+# The roles that keep a container alive (ProcessCounts.programs' roles).
+LIVE_ROLES = "work|timer|session"
 ROLES: tuple[str, ...] = tuple(r.value for r in ProcessRole)
 # The agent's unseen reasons, each its own FailureReason so that the verdict's evidence says it.
 UNSEEN_REASONS: dict[str, FailureReason] = {
@@ -40,41 +48,72 @@ UNSEEN_REASONS: dict[str, FailureReason] = {
 # The `ghostgpu_field` values (utilization.FIELD_LABEL) of the agent's parts of the answer.
 ROLE_FIELD, PROGRAM_FIELD, SCAN_FIELD, UNSEEN_FIELD = "proc", "prog", "scan", "unseen"
 AGENT_FIELDS = frozenset({ROLE_FIELD, PROGRAM_FIELD, SCAN_FIELD, UNSEEN_FIELD})
-# The labels every per-container series carries (the agent's own: honorLabels keeps them).
-_KEY = "namespace, pod, uid, container"
+# The labels every per-container series carries: the tracked container's, under names no scrape
+# sets (a target's own namespace/pod/container labels are the agent pod's).
+TRACKED_NAMESPACE, TRACKED_POD, TRACKED_UID, TRACKED_CONTAINER = (
+    "tracked_namespace",
+    "tracked_pod",
+    "tracked_uid",
+    "tracked_container",
+)
+CONTAINER_LABELS = (TRACKED_NAMESPACE, TRACKED_POD, TRACKED_UID, TRACKED_CONTAINER)
+_KEY = ", ".join(CONTAINER_LABELS)
+_ON = f"{TRACKED_NAMESPACE}, {TRACKED_POD}"
 
 ContainerKey = tuple[str, str, str]  # (namespace, pod, container)
 
 
 def query_parts(
-    namespaces: str, zero: str, *, namespace_label: str, pod_label: str, field_label: str
+    namespaces: str,
+    zero: str,
+    *,
+    namespace_label: str,
+    pod_label: str,
+    field_label: str,
+    source: str,
+    window: str,
+    ahead: tuple[float, float] | None = None,
+    ahead_field: str = "ahead",
 ) -> list[str]:
     """The agent's parts of the poll's query, each tagged with its `field_label` value.
 
     `namespaces` is the validated alternation of the tracked namespaces; `zero` a vector with one
-    series per pod at or under the zero threshold, labelled `namespace_label`/`pod_label`. Each part
-    is aggregated by the agent's own labels, so a container scraped twice (two agent pods on one
-    node during a rollout) is one series, and the scrape's target labels do not reach the answer.
+    series per pod at or under the zero threshold, labelled `namespace_label`/`pod_label`; `source`
+    the label matchers of the agent's scrape; `window` two scrape intervals (a PromQL duration).
+    Each part is aggregated by the tracked container's labels, so a container scraped twice (two
+    agent pods on one node during a rollout) is one series, and the scrape's target labels do not
+    reach the answer. With `ahead` = (at, after), pods with an agent sample newer than `after` at
+    `at` (a producer writing ahead of the clock) come back as `ahead_field`, labelled as `zero`.
     """
-    on = zero
-    if namespace_label != "namespace":
-        on = f'label_replace({on}, "namespace", "$1", "{namespace_label}", "(.*)")'
-    if pod_label != "pod":
-        on = f'label_replace({on}, "pod", "$1", "{pod_label}", "(.*)")'
-    sel = f'{{namespace=~"{namespaces}"}}'
+    on = f'label_replace({zero}, "{TRACKED_NAMESPACE}", "$1", "{namespace_label}", "(.*)")'
+    on = f'label_replace({on}, "{TRACKED_POD}", "$1", "{pod_label}", "(.*)")'
+    inner = f'{source}, {TRACKED_NAMESPACE}=~"{namespaces}"'
+    sel = "{" + inner + "}"
 
-    def part(expr: str, by: str, kind: str) -> str:
+    def part(expr: str, agg: str, by: str, kind: str) -> str:
         return (
-            f"label_replace(max by ({by}) (({expr}) and on(namespace, pod) ({on})), "
+            f"label_replace({agg} by ({by}) (({expr}) and on({_ON}) ({on})), "
             f'"{field_label}", "{kind}", "", "")'
         )
 
-    return [
-        part(f"{PROCESSES_METRIC}{sel}", f"{_KEY}, role", ROLE_FIELD),
-        part(f"{PROGRAM_METRIC}{sel}", f"{_KEY}, program", PROGRAM_FIELD),
-        part(f"{SCAN_METRIC}{sel}", _KEY, SCAN_FIELD),
-        part(f"{UNSEEN_METRIC}{sel} == 1", f"{_KEY}, reason", UNSEEN_FIELD),
+    parts = [
+        part(f"max_over_time({PROCESSES_METRIC}{sel}[{window}])", "max", f"{_KEY}, role", ROLE_FIELD),
+        part(f"max_over_time({PROGRAM_METRIC}{sel}[{window}])", "max", f"{_KEY}, program", PROGRAM_FIELD),
+        part(f"min_over_time({SCAN_METRIC}{sel}[{window}])", "min", _KEY, SCAN_FIELD),
+        part(f"max_over_time({UNSEEN_METRIC}{sel}[{window}]) == 1", "max", f"{_KEY}, reason", UNSEEN_FIELD),
     ]
+    if ahead is not None:
+        # The scan time and the live roles' counts (work, timer, session: what keeps a workload
+        # alive) are what a forger must write ahead to make a busy container look finished. One
+        # part each, not every agent series: at 10,000 containers the processes series of all six
+        # roles cost Prometheus 4x these two.
+        at, after = ahead
+        for metric, extra in ((SCAN_METRIC, ""), (PROCESSES_METRIC, f', role=~"{LIVE_ROLES}"')):
+            newest = f"max by ({_ON}) (timestamp({metric}{{{inner}{extra}}} @ {at:.3f})) > {after:.3f}"
+            newest = f'label_replace({newest}, "{namespace_label}", "$1", "{TRACKED_NAMESPACE}", "(.*)")'
+            newest = f'label_replace({newest}, "{pod_label}", "$1", "{TRACKED_POD}", "(.*)")'
+            parts.append(f'label_replace({newest}, "{field_label}", "{ahead_field}", "", "")')
+    return parts
 
 
 @dataclass(slots=True)
@@ -94,18 +133,28 @@ class AgentAnswer:
     eval_time: float = 0.0
     failure: SignalFailure | None = None
     containers: dict[ContainerKey, _Container] = field(default_factory=dict)
+    # The pods asked about ((namespace, name)): series of any other pod are dropped, not kept.
+    # None: keep every pod's (a caller that reads the answer without a poll).
+    pods: frozenset[tuple[str, str]] | None = None
+    # The live pods' UIDs: a container whose series name another UID fails.
+    uids: Mapping[tuple[str, str], str] = field(default_factory=dict)
+    # How far a scan time may lead eval_time (the controller's clock) before it fails.
+    max_clock_skew: float = 5.0
 
     def add(self, kind: str, labels: Mapping[str, str], value: float) -> None:
-        key = (labels.get("namespace", ""), labels.get("pod", ""), labels.get("container", ""))
+        ns, name = labels.get(TRACKED_NAMESPACE, ""), labels.get(TRACKED_POD, "")
+        if self.pods is not None and (ns, name) not in self.pods:
+            return
+        key = (ns, name, labels.get(TRACKED_CONTAINER, ""))
         c = self.containers.get(key)
         if c is None:
             c = self.containers[key] = _Container()
-        c.uids.add(labels.get("uid", ""))
+        c.uids.add(labels.get(TRACKED_UID, ""))
         if kind == ROLE_FIELD:
             role = labels.get("role", "")
             if role not in ROLES:
                 c.bad = f"unknown role {role[:40]!r}"
-            elif not (value >= 0 and value == int(value)):
+            elif not (0 <= value <= 1_000_000 and value == int(value)):
                 c.bad = f"{role} count {value!r} is not a count"
             else:
                 c.roles[role] = int(value)
@@ -132,6 +181,21 @@ class AgentAnswer:
             # cannot be told here, so neither is used.
             return SignalFailure(
                 reason=FailureReason.OTHER, detail=f"agent reports {len(c.uids)} pod uids for {where}"
+            )
+        live = self.uids.get((pod.namespace, pod.name), "")
+        if live and c.uids != {live}:
+            named = next(iter(c.uids), "")
+            return SignalFailure(
+                reason=FailureReason.UNTRUSTED,
+                detail=f"the agent's series of {where} name pod uid {named[:40]!r}, the live pod's is {live}",
+            )
+        if c.scan is not None and c.scan > self.eval_time + self.max_clock_skew:
+            # The oldest scan of the window: a forged scan ahead beside a real one is outvoted
+            # (min), one alone fails here.
+            return SignalFailure(
+                reason=FailureReason.UNTRUSTED,
+                detail=f"the agent's scan of {where} is {c.scan - self.eval_time:.0f}s ahead of the "
+                f"controller's clock",
             )
         if c.unseen:
             reason = sorted(c.unseen)[0]
@@ -181,6 +245,7 @@ class AgentProcessSource:
 
 __all__ = [
     "AGENT_FIELDS",
+    "CONTAINER_LABELS",
     "PROCESSES_METRIC",
     "PROGRAM_METRIC",
     "ROLES",

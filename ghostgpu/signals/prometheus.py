@@ -8,7 +8,7 @@ so that a regex over hundreds of pod names never hits URL length limits.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,6 +16,18 @@ import httpx
 import orjson
 
 from ghostgpu.verdict import FailureReason, SignalFailure
+
+
+def newest_sample_time(metrics: Sequence[str], matchers: str, by: str, at: float) -> str:
+    """PromQL: per `by` group, the time of the newest sample at or before `at` of any series of
+    `metrics` selected by `matchers`. Each metric's timestamp() is tagged before they are merged:
+    timestamp() drops the metric name, and two metrics with one label set (dcgm-exporter's
+    utilization and framebuffer series of a GPU) would otherwise be a duplicate the query rejects."""
+    tagged = [
+        f'label_replace(timestamp({m}{{{matchers}}} @ {at:.3f}), "ghostgpu_metric", "{i}", "", "")'
+        for i, m in enumerate(metrics)
+    ]
+    return f"max by ({by}) ({' or '.join(tagged)})"
 
 
 class PrometheusError(Exception):
@@ -179,13 +191,19 @@ class PrometheusClient:
         """Run one instant query; the decoded JSON answer of a 200 (envelope not yet checked)."""
         return _loads(await self.query_content(promql, at=at))
 
-    async def query_content(self, promql: str, *, at: float | None = None) -> bytes:
-        """Run one instant query; the undecoded body of a 200 (see iter_answer)."""
+    async def query_content(
+        self, promql: str, *, at: float | None = None, max_bytes: int | None = None
+    ) -> bytes:
+        """Run one instant query; the undecoded body of a 200 (see iter_answer). With `max_bytes`,
+        a longer answer is cut off as it arrives and fails (never held whole)."""
         form = {"query": promql}
         if at is not None:
             form["time"] = f"{at:.3f}"
         try:
-            resp = await self._client.post(f"{self.base_url}/api/v1/query", data=form, timeout=self.timeout)
+            async with self._client.stream(
+                "POST", f"{self.base_url}/api/v1/query", data=form, timeout=self.timeout
+            ) as resp:
+                content = await _read_capped(resp, max_bytes)
         except httpx.TimeoutException as exc:
             raise PrometheusError(FailureReason.TIMEOUT, f"no answer within {self.timeout}s") from exc
         except httpx.HTTPError as exc:
@@ -193,9 +211,27 @@ class PrometheusClient:
         if resp.status_code != 200:
             # Prometheus answers 400/422/503 with a JSON error body; keep its text for the evidence.
             try:
-                body = orjson.loads(resp.content)
+                body = orjson.loads(content)
             except ValueError:  # orjson.JSONDecodeError is one
                 body = None
-            detail = body.get("error", "") if isinstance(body, dict) else resp.text[:120]
+            text = content[:120].decode("utf-8", "replace")
+            detail = body.get("error", "") if isinstance(body, dict) else text
             raise PrometheusError(FailureReason.HTTP_ERROR, f"HTTP {resp.status_code} {detail}".strip())
-        return resp.content
+        return content
+
+
+async def _read_capped(resp: httpx.Response, max_bytes: int | None) -> bytes:
+    if max_bytes is None:
+        return await resp.aread()
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in resp.aiter_bytes():
+        size += len(chunk)
+        if size > max_bytes:
+            raise PrometheusError(
+                FailureReason.OTHER,
+                f"the answer is over {max_bytes} bytes (series of pods that do not exist in a "
+                f"tracked namespace?): not read",
+            )
+        chunks.append(chunk)
+    return b"".join(chunks)

@@ -39,8 +39,9 @@ from dataclasses import dataclass, field
 from string import Template
 from typing import Any, NamedTuple
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from ghostgpu.promql import label_matchers
 from ghostgpu.signals.agent import AGENT_FIELDS, AgentAnswer, AgentSeries, query_parts
 from ghostgpu.signals.dra import (
     DCGM_DRA_LABELS,
@@ -56,6 +57,7 @@ from ghostgpu.signals.prometheus import (
     PrometheusError,
     VectorSample,
     iter_answer,
+    newest_sample_time,
 )
 from ghostgpu.verdict import (
     FailureReason,
@@ -67,6 +69,17 @@ from ghostgpu.verdict import (
 )
 
 FIELD_LABEL = "ghostgpu_field"
+# The fields of the answer that only a forged or broken producer makes (the query asks for them
+# all the same, so that they fail the pod rather than go unseen): a sample ahead of the clock, the
+# UIDs a pod's series name, a negative framebuffer sample.
+AHEAD_FIELD, UID_FIELD, FB_NEGATIVE_FIELD = "ahead", "uid", "fbneg"
+# How many series of the answer a poll may read per pod it asks about (a pod's reading, memory,
+# XIDs per GPU, DRA devices, and per GPU container the agent's roles, programs and scan), and the
+# bytes per series: a larger answer (series of pods that do not exist, flooded into a tracked
+# namespace) fails every pod's signals instead of filling the controller's memory.
+SERIES_PER_POD = 64
+SERIES_SLACK = 1000
+BYTES_PER_SERIES = 1024
 # Kubernetes object names (DNS-1123 subdomain): the only characters we ever put into a regex.
 _K8S_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
 _PROM_LABEL = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
@@ -84,6 +97,12 @@ class QuerySpec(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     metric: str = Field(pattern=_PROM_METRIC.pattern)
+    # The label matchers of the scrape that produces the GPU series (promql.label_matchers of the
+    # preset's `source`): every selector of the query carries them, so a series of another target
+    # with the same name and pod labels is never read (docs/threat-model.md).
+    source: str = Field(min_length=1)
+    xid_source: str = ""  # "" : `source`
+    agent_source: str = ""  # the node agent's scrape; required with agent_processes
     pod_label: str = Field("pod", pattern=_PROM_LABEL.pattern)
     namespace_label: str = Field("namespace", pattern=_PROM_LABEL.pattern)
     gpu_label: str = Field("gpu", pattern=_PROM_LABEL.pattern)
@@ -97,6 +116,13 @@ class QuerySpec(BaseModel):
     framebuffer_query: str | None = None  # None: no memory series in the query (memory not collected)
     # A sample older than this (seconds, relative to the query's evaluation time) is STALE.
     max_sample_age: float = Field(120.0, gt=0)
+    # Two scrape intervals (seconds): the reading is the busiest sample in it, so a second producer
+    # interleaving zeros between a busy exporter's samples cannot make the pod read idle.
+    window: float = Field(60.0, gt=0)
+    # How far (seconds) a sample's time or the agent's scan time may lead the controller's clock.
+    max_clock_skew: float = Field(5.0, ge=0)
+    # The exporter's label carrying the pod's UID ("": the exporter writes none, nothing to check).
+    pod_uid_label: str = Field("", pattern=r"^([a-zA-Z_][a-zA-Z0-9_]*)?$")
     # Utilization (percent, after `scale`) counted as zero: GPU memory is asked for only up to here.
     zero_threshold: float = Field(0.0, ge=0)
     # The node agent's series for the pods at or under the zero threshold (processSource: agent).
@@ -115,10 +141,19 @@ class QuerySpec(BaseModel):
         zero_threshold: float = 0.0,
         agent_processes: bool = False,
         dra_devices: bool = False,
+        window: float = 60.0,
+        max_clock_skew: float = 5.0,
+        agent_source: Mapping[str, str] | None = None,
     ) -> QuerySpec:
         """From `ghostgpu.config.MetricsPreset` (duck-typed: signals do not import the config)."""
         return cls(
             metric=preset.utilization_metric,
+            source=label_matchers(preset.source),
+            xid_source=label_matchers(preset.xid_source),
+            agent_source=label_matchers(agent_source) if agent_source else "",
+            window=window,
+            max_clock_skew=max_clock_skew,
+            pod_uid_label=preset.pod_uid_label,
             pod_label=preset.pod_label,
             namespace_label=preset.namespace_label,
             scale=preset.utilization_scale,
@@ -133,6 +168,12 @@ class QuerySpec(BaseModel):
             agent_processes=agent_processes,
             dra_devices=dra_devices,
         )
+
+    @model_validator(mode="after")
+    def _agent_pinned(self) -> QuerySpec:
+        if self.agent_processes and not self.agent_source:
+            raise ValueError("agent_processes needs agent_source: the node agent's scrape")
+        return self
 
     @field_validator("dra_labels")
     @classmethod
@@ -181,24 +222,43 @@ def _template_vars(spec: QuerySpec, pods: list[PodKey]) -> dict[str, str]:
         "utilization_metric": spec.metric,
         "xid_metric": spec.xid_metric or "",
         "framebuffer_metric": spec.framebuffer_metric,
+        "source": spec.source,
+        "window": f"{spec.window:g}s",
     }
 
 
-def build_query(spec: QuerySpec, pods: Iterable[PodKey]) -> str:
+# How far past `now` the query looks for samples ahead of the clock: under Prometheus's default
+# lookback (5m), so that `timestamp(x @ now+AHEAD_HORIZON)` is the newest sample up to then. A
+# producer whose samples lead by more than the skew has some in (now+skew, now+horizon] as long as
+# it keeps writing: however far ahead it writes, the samples it wrote a while ago land there.
+AHEAD_HORIZON = 240.0
+
+
+def _selector(spec: QuerySpec, variables: Mapping[str, str]) -> str:
+    """The label matchers inside every selector of the GPU series: source, namespaces, any pod."""
+    return Template('${source}, ${namespace_label}=~"${namespaces}", ${pod_label}=~"${pods}"').substitute(
+        variables
+    )
+
+
+def build_query(spec: QuerySpec, pods: Iterable[PodKey], *, now: float | None = None) -> str:
     """The one PromQL expression for this poll. Raises ValueError on an invalid namespace name:
     namespaces are the only names written into the query (every pod is matched by ANY_POD and
-    filtered in the controller)."""
+    filtered in the controller). With `now` (what the poll passes), the query also asks for pods
+    with samples ahead of the controller's clock."""
     pods = list(pods)
     for ns in {p.namespace for p in pods}:
         if not _K8S_NAME.match(ns):
             raise ValueError(f"not a Kubernetes namespace name: {ns!r}")
     variables = _template_vars(spec, pods)
-    sel = Template('{${namespace_label}=~"${namespaces}", ${pod_label}=~"${pods}"}').substitute(variables)
+    inner = _selector(spec, variables)
+    sel = "{" + inner + "}"
     by = f"{spec.namespace_label}, {spec.pod_label}"
+    window = variables["window"]
     if spec.utilization_query:
         util = Template(spec.utilization_query).substitute(variables)
     else:
-        util = f"max by ({by}) ({spec.metric}{sel})"
+        util = f"max by ({by}) (max_over_time({spec.metric}{sel}[{window}]))"
     if spec.scale != 1.0:
         util = f"({util}) * {spec.scale:g}"
     # timestamp() only reports a sample's own time on a plain selector, so staleness is read from
@@ -211,17 +271,36 @@ def build_query(spec: QuerySpec, pods: Iterable[PodKey]) -> str:
         f'label_replace({oldest} < {since}, "{FIELD_LABEL}", "ts", "", "")',
     ]
     zero = f"({util}) <= {spec.zero_threshold:g}"
+    if now is not None:
+        names = sorted({spec.metric, spec.framebuffer_metric} - {""})
+        newest = newest_sample_time(names, inner, by, now + AHEAD_HORIZON)
+        ahead = f"{newest} > {now + spec.max_clock_skew:.3f}"
+        parts.append(f'label_replace({ahead}, "{FIELD_LABEL}", "{AHEAD_FIELD}", "", "")')
+    if spec.pod_uid_label:
+        # The UIDs the pod's series name, for the pods a reclaim could follow (at or under zero).
+        uid = spec.pod_uid_label
+        parts.append(
+            f'label_replace(group by ({by}, {uid}) ({spec.metric}{{{inner}, {uid}!=""}}) '
+            f'and on({by}) ({zero}), "{FIELD_LABEL}", "{UID_FIELD}", "", "")'
+        )
     if spec.framebuffer_query:
         fb = Template(spec.framebuffer_query).substitute(variables)
         if spec.framebuffer_unit_bytes != 1:
             fb = f"({fb}) * {spec.framebuffer_unit_bytes}"
         parts.append(f'label_replace(({fb}) and on({by}) ({zero}), "{FIELD_LABEL}", "fb", "", "")')
+        # A negative sample is no memory reading: it fails the pod's memory rather than being summed.
+        parts.append(
+            f"label_replace(min by ({by}) (min_over_time({spec.framebuffer_metric}{sel}[{window}])) < 0, "
+            f'"{FIELD_LABEL}", "{FB_NEGATIVE_FIELD}", "", "")'
+        )
+    xvars = {**variables, "source": spec.xid_source or spec.source}
     if spec.xid_query:
-        xid = Template(spec.xid_query).substitute(variables)
+        xid = Template(spec.xid_query).substitute(xvars)
         parts.append(f'label_replace(({xid}) > 0, "{FIELD_LABEL}", "xid", "", "")')
     elif spec.xid_metric:
+        xsel = "{" + _selector(spec, xvars) + "}"
         parts.append(
-            f"label_replace(max by ({by}, {spec.gpu_label}) ({spec.xid_metric}{sel} > 0), "
+            f"label_replace(max by ({by}, {spec.gpu_label}) ({spec.xid_metric}{xsel} > 0), "
             f'"{FIELD_LABEL}", "xid", "", "")'
         )
     if spec.dra_devices:
@@ -233,6 +312,10 @@ def build_query(spec: QuerySpec, pods: Iterable[PodKey]) -> str:
             namespace_label=spec.namespace_label,
             pod_label=spec.pod_label,
             field_label=FIELD_LABEL,
+            source=spec.agent_source,
+            window=window,
+            ahead=(now + AHEAD_HORIZON, now + spec.max_clock_skew) if now is not None else None,
+            ahead_field=AHEAD_FIELD,
         )
     return " or ".join(parts)
 
@@ -246,7 +329,7 @@ def every_signal_query(spec: QuerySpec, pods: Iterable[PodKey], *, agent: bool =
     controller's query asks."""
     pods = list(pods)
     variables = _template_vars(spec, pods)
-    sel = Template('{${namespace_label}=~"${namespaces}", ${pod_label}=~"${pods}"}').substitute(variables)
+    sel = "{" + _selector(spec, variables) + "}"
     by = f"{spec.namespace_label}, {spec.pod_label}"
     util = f"max by ({by}) ({spec.metric}{sel})"
     parts = [
@@ -263,6 +346,8 @@ def every_signal_query(spec: QuerySpec, pods: Iterable[PodKey], *, agent: bool =
             namespace_label=spec.namespace_label,
             pod_label=spec.pod_label,
             field_label=FIELD_LABEL,
+            source=spec.agent_source or spec.source,
+            window=variables["window"],
         )
     return " or ".join(parts)
 
@@ -274,12 +359,18 @@ def readings_from_samples(
     samples: Sequence[VectorSample],
     agent: AgentAnswer | None = None,
     devices: Mapping[PodKey, Sequence[DraDevice]] | None = None,
+    uids: Mapping[PodKey, str] | None = None,
 ) -> dict[PodKey, PodReading]:
     """Turn the query's series into one reading per requested pod (pure; tested without HTTP);
     the node agent's series go into `agent`; `devices` are the DRA GPUs each pod must have a
-    series of (PodView.dra_devices)."""
+    series of (PodView.dra_devices); `uids` the live pods' UIDs their series must name."""
     series = ((s.timestamp, s.labels, s.value) for s in samples)
-    return _readings(spec, pods, eval_time, series, agent, devices)
+    return _readings(spec, pods, eval_time, series, agent, devices, uids)
+
+
+def max_series(pods: int) -> int:
+    """The most series a poll's answer may hold when it asks about `pods` pods."""
+    return SERIES_PER_POD * pods + SERIES_SLACK
 
 
 def _readings(
@@ -289,24 +380,46 @@ def _readings(
     series: Iterable[tuple[float, Mapping[str, str], float]],
     agent: AgentAnswer | None = None,
     devices: Mapping[PodKey, Sequence[DraDevice]] | None = None,
+    uids: Mapping[PodKey, str] | None = None,
 ) -> dict[PodKey, PodReading]:
     """(evaluation time, labels, value) series -> one reading per pod. The query selects whole
-    namespaces, so series of pods not asked for are skipped here. The node agent's series are
-    collected into `agent` (dropped when it is None)."""
+    namespaces: series of pods not asked for are dropped here, before anything of them is kept.
+    The node agent's series are collected into `agent` (dropped when it is None). More series than
+    max_series(pods) raise PrometheusError: every pod fails."""
     pods = list(pods)
     wanted = set(pods)
+    limit = max_series(len(wanted))
     util: dict[tuple[str, str], float] = {}
     stamp: dict[tuple[str, str], float] = {}
     xids: dict[tuple[str, str], list[XidEvent]] = {}
     fb: dict[tuple[str, str], float] = {}
     seen: dict[tuple[str, str], set[DeviceId]] = {}  # DRA devices with a series
+    untrusted: dict[tuple[str, str], str] = {}  # why a pod's series cannot be believed
+    negative_fb: set[tuple[str, str]] = set()
     drv_label, pool_label, dev_label = spec.dra_labels
-    ns_label, pod_label = spec.namespace_label, spec.pod_label
+    ns_label, pod_label, uid_label = spec.namespace_label, spec.pod_label, spec.pod_uid_label
     eval_time = default_eval_time
+    count = 0
     for ts, labels, value in series:
+        count += 1
+        if count > limit:
+            raise PrometheusError(
+                FailureReason.OTHER,
+                f"the answer holds more than {limit} series for {len(wanted)} pods "
+                f"(series of pods that do not exist in a tracked namespace?)",
+            )
         eval_time = ts
         key = (labels.get(ns_label, ""), labels.get(pod_label, ""))
         kind = labels.get(FIELD_LABEL)
+        if kind == "xid" and key not in wanted:
+            # An XID template may use the exporter's own namespace/pod labels (HAMi preset).
+            key = (labels.get("namespace", ""), labels.get("pod", ""))
+        if kind in AGENT_FIELDS:
+            if agent is not None:
+                agent.add(kind, labels, value)  # type: ignore[arg-type]
+            continue
+        if key not in wanted:
+            continue
         if kind == "util":
             util[key] = value
         elif kind == "ts":
@@ -317,12 +430,15 @@ def _readings(
             device = (labels.get(drv_label, ""), labels.get(pool_label, ""), labels.get(dev_label, ""))
             seen.setdefault(key, set()).add(device)
         elif kind == "xid" and value > 0:
-            if key not in wanted:
-                # An XID template may use the exporter's own namespace/pod labels (HAMi preset).
-                key = (labels.get("namespace", ""), labels.get("pod", ""))
             xids.setdefault(key, []).append(XidEvent(code=int(value), gpu=labels.get(spec.gpu_label, "")))
-        elif agent is not None and kind in AGENT_FIELDS:
-            agent.add(kind, labels, value)  # type: ignore[arg-type]
+        elif kind == AHEAD_FIELD:
+            untrusted[key] = f"a sample {value - eval_time:.0f}s ahead of the controller's clock"
+        elif kind == UID_FIELD and uids is not None:
+            live, named = uids.get(PodKey(*key), ""), labels.get(uid_label, "")
+            if live and named != live:
+                untrusted.setdefault(key, f"a series names pod uid {named[:40]!r}, the live pod's is {live}")
+        elif kind == FB_NEGATIVE_FIELD:
+            negative_fb.add(key)
     if agent is not None:
         agent.eval_time = eval_time
     out: dict[PodKey, PodReading] = {}
@@ -339,7 +455,11 @@ def _readings(
         t = stamp.get(key)
         # The query sends `ts` only for a stale pod and `util` only for a fresh one; a `ts` is
         # checked all the same, so an answer carrying both can never pass a stale reading.
-        if t is not None and t < oldest:
+        if key in untrusted:
+            out[key] = PodReading(
+                SignalFailure(reason=FailureReason.UNTRUSTED, detail=untrusted[key]), events
+            )
+        elif t is not None and t < oldest:
             age = eval_time - t
             out[key] = PodReading(
                 SignalFailure(reason=FailureReason.STALE, detail=f"newest sample {age:.0f}s old"), events
@@ -347,14 +467,14 @@ def _readings(
         elif u is None:
             failure = SignalFailure(reason=FailureReason.MISSING, detail=f"no {spec.metric} series")
             out[key] = PodReading(failure, events)
-        elif u < 0:
-            out[key] = PodReading(
-                SignalFailure(reason=FailureReason.PARSE_ERROR, detail="negative reading"), events
-            )
+        elif not 0 <= u <= 100:
+            detail = "negative reading" if u < 0 else f"reading {u:g} % is over 100 %"
+            out[key] = PodReading(SignalFailure(reason=FailureReason.PARSE_ERROR, detail=detail), events)
         elif u <= zero and key in expected and (gap := without_series(expected[key], seen.get(key))):
             out[key] = PodReading(no_series(spec.metric, key[0], gap), events)
         elif collect_fb and u <= zero:
-            out[key] = PodReading(u, events, _memory(fb.get(key)))
+            memory = _NEGATIVE_FB if key in negative_fb else _memory(fb.get(key))
+            out[key] = PodReading(u, events, memory)
         elif events:
             out[key] = PodReading(u, events, _NOT_ASKED if collect_fb else None)
         else:
@@ -367,6 +487,7 @@ def _readings(
     return out
 
 
+_NEGATIVE_FB = SignalFailure(reason=FailureReason.PARSE_ERROR, detail="a negative framebuffer sample")
 # A busy pod's memory: the query did not ask for it (the verdict reads memory only for an
 # all-zero window, and a window with this reading in it is not).
 _NOT_ASKED = SignalFailure(
@@ -403,21 +524,29 @@ class UtilizationSource:
         *,
         now: float,
         devices: Mapping[PodKey, Sequence[DraDevice]] | None = None,
+        uids: Mapping[PodKey, str] | None = None,
     ) -> dict[PodKey, PodReading]:
-        """`devices`: each DRA pod's GPU devices, each of which must have its series."""
-        answer = AgentAnswer(eval_time=now)
+        """`devices`: each DRA pod's GPU devices, each of which must have its series; `uids`: each
+        live pod's UID, which every series of it that names one must name."""
+        pods = list(dict.fromkeys(pods))
+        answer = AgentAnswer(
+            eval_time=now,
+            pods=frozenset(pods),
+            uids=dict(uids or {}),
+            max_clock_skew=self.spec.max_clock_skew,
+        )
         if self.agent is not None:
             self.agent.answer = answer  # replaced every poll: last poll's series are never read again
-        return await self._poll(pods, now, answer if self.agent is not None else None, devices)
+        return await self._poll(pods, now, answer if self.agent is not None else None, devices, uids)
 
     async def _poll(
         self,
-        pods: Iterable[PodKey],
+        pods: list[PodKey],
         now: float,
         agent: AgentAnswer | None,
         devices: Mapping[PodKey, Sequence[DraDevice]] | None = None,
+        uids: Mapping[PodKey, str] | None = None,
     ) -> dict[PodKey, PodReading]:
-        pods = list(dict.fromkeys(pods))
         if not pods:
             return {}
         # Namespaces are the only names written into the query: check each once (about 20 for
@@ -432,9 +561,13 @@ class UtilizationSource:
         if not valid:
             return out
         try:
-            content = await self.client.query_content(build_query(self.spec, valid), at=now)
+            content = await self.client.query_content(
+                build_query(self.spec, valid, now=now),
+                at=now,
+                max_bytes=BYTES_PER_SERIES * max_series(len(valid)),
+            )
             # An empty result carries no evaluation time; we asked for `now`, so that is it.
-            readings = _readings(self.spec, valid, now, iter_answer(content), agent, devices)
+            readings = _readings(self.spec, valid, now, iter_answer(content), agent, devices, uids)
         except PrometheusError as exc:
             if agent is not None:
                 agent.failure = exc.failure

@@ -54,6 +54,8 @@ def controller_config(
     """examples/ghostgpu.yaml at the tests' pace. Processes come from exec by default: these tests
     script what `ps` prints in each pod (process_tables); agent mode reads the agent's series."""
     cfg = yaml.safe_load((REPO / "examples" / "ghostgpu.yaml").read_text())
+    # The devcluster's Prometheus scrapes every second: a reading is the busiest sample of 2 s.
+    cfg["controller"]["metrics"]["scrapeInterval"] = "1s"
     cfg["controller"].update(
         mode=mode,
         processSource=process_source,

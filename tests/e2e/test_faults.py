@@ -661,6 +661,7 @@ def test_leader_killed_mid_scale_acts_once_and_loses_nothing(
         devcluster.process_tables.set(ns, pod, fleet[name].table)
         devcluster.dcgm.set(ns, pod, util=fleet[name].util)
     cfg = yaml.safe_load((REPO / "examples" / "ghostgpu.yaml").read_text())
+    cfg["controller"]["metrics"]["scrapeInterval"] = "1s"  # the devcluster's Prometheus
     cfg["controller"].update(
         mode="enforce", processSource="exec", pollInterval="1s", window=3, longWindow=6,
         startupGrace="1s", staleAfter="30s",

@@ -452,9 +452,16 @@ def test_the_agents_own_uid_reads_every_containers_rows_as_root_does(
     ns = subprocess.Popen(["unshare", "--pid", "--fork", "--mount-proc", "sh", "-c", script])
     try:
         _wait_for_rows(leaf, 3)
-        as_root = procfs.scan(Path("/proc"), lambda x: x == ref)
-        want = [[p.pid, p.ppid, p.state, p.command] for p in procfs.rows(as_root.processes.values(), "p/c")]
-        assert len(want) == 3 and any("L" in s for _, _, s, _ in want)  # VmLck read from status
+        deadline = time.monotonic() + 20  # python's start, mlockall and setresuid take a while under load
+        while True:
+            as_root = procfs.scan(Path("/proc"), lambda x: x == ref)
+            rows = procfs.rows(as_root.processes.values(), "p/c")
+            want = [[p.pid, p.ppid, p.state, p.command] for p in rows]
+            locked = any("L" in s for _, _, s, _ in want)  # VmLck read from status
+            if (len(want) == 3 and locked) or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+        assert len(want) == 3 and locked, want
         got = _scan_as(AGENT_UID, ref)
         assert got == {"rows": want, "failed": 0, "unplaced": 0, "uid": AGENT_UID}
     finally:

@@ -297,8 +297,20 @@ def test_the_series_of_a_scan() -> None:
         )
     )
     got = series(exporter)
-    base = {"namespace": "team", "pod": "trainer-0", "uid": "u-1", "container": "main"}
-    other = {"namespace": "team", "pod": "other-0", "uid": "u-2", "container": "gpu"}
+    # The tracked container under label names of the agent's own: no scrape's target label
+    # (namespace, pod, container) can overwrite them, so its ServiceMonitor needs no honorLabels.
+    base = {
+        "tracked_namespace": "team",
+        "tracked_pod": "trainer-0",
+        "tracked_uid": "u-1",
+        "tracked_container": "main",
+    }
+    other = {
+        "tracked_namespace": "team",
+        "tracked_pod": "other-0",
+        "tracked_uid": "u-2",
+        "tracked_container": "gpu",
+    }
     per_container = {k: v for k, v in got.items() if k[0].startswith("ghostgpu_agent_container_")}
     assert per_container == {
         **{

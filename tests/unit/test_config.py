@@ -96,7 +96,9 @@ def test_dcgm_label_mapping_can_follow_exported_labels() -> None:
     preset = load_config_text(text).controller.metrics.active
     assert preset.utilization_metric == "DCGM_FI_DEV_GPU_UTIL"
     query = preset.render_query("utilization", [("team-a", "nb-0")])
-    assert query.startswith("max by (exported_namespace, exported_pod) (DCGM_FI_DEV_GPU_UTIL{")
+    assert query.startswith("max by (exported_namespace, exported_pod) (max_over_time(DCGM_FI_DEV_GPU_UTIL{")
+    # read only from dcgm-exporter's scrape, the busiest sample of the window
+    assert '{job=~"nvidia-dcgm-exporter|dcgm-exporter", ' in query and query.endswith("[1m]))")
     assert 'exported_namespace=~"team-a"' in query
     assert 'exported_pod=~"nb-0"' in query
 
@@ -106,7 +108,9 @@ def test_batched_query_covers_every_tracked_pod_once() -> None:
     pods = [("ns-b", "trainer-1"), ("ns-a", "nb.0"), ("ns-a", "trainer-1")]
     query = preset.render_query("framebuffer", pods)
     # a GPU two containers name (a DRA device) is two series, counted once
-    assert query.startswith("sum by (namespace, pod) (max without (container) (DCGM_FI_DEV_FB_USED{")
+    assert query.startswith(
+        "sum by (namespace, pod) (max without (container) (max_over_time(DCGM_FI_DEV_FB_USED{job=~"
+    )
     assert 'namespace=~"ns-a|ns-b"' in query
     # '.' would match any character in the regex; it is escaped (doubled for the PromQL string).
     assert 'pod=~"nb\\\\.0|trainer-1"' in query

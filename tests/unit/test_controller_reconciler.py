@@ -209,7 +209,7 @@ class ScriptedUtilization:
         self.queries: list[list[PodKey]] = []
 
     async def poll(
-        self, pods: Iterable[PodKey], *, now: float, devices: object = None
+        self, pods: Iterable[PodKey], *, now: float, devices: object = None, uids: object = None
     ) -> dict[PodKey, PodReading]:
         pods = list(pods)
         self.queries.append(pods)

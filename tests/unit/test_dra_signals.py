@@ -58,7 +58,8 @@ def test_with_dra_flavors_the_query_asks_each_idle_pods_dra_devices_by_dcgm_expo
     part = next(p for p in q.split(" or ") if '"dev"' in p)
     assert part.startswith(
         "label_replace(group by (namespace, pod, dra_driver_name, dra_pool_name, dra_device_name) "
-        '(DCGM_FI_DEV_GPU_UTIL{namespace=~"team-a", pod=~".+", dra_device_name!=""}) and on(namespace, pod) '
+        '(DCGM_FI_DEV_GPU_UTIL{job=~"nvidia-dcgm-exporter|dcgm-exporter", namespace=~"team-a", pod=~".+", '
+        'dra_device_name!=""}) and on(namespace, pod) '
     )
     # only for the pods at or under the zero threshold: a busy DRA fleet adds nothing to the answer
     assert ")) <= 0)" in part
@@ -170,7 +171,7 @@ async def test_the_observe_room_hands_each_dra_pods_gpu_devices_to_the_utilizati
     seen: list[object] = []
 
     class Recording(ScriptedUtilization):
-        async def poll(self, pods: Any, *, now: float, devices: object = None) -> Any:
+        async def poll(self, pods: Any, *, now: float, devices: object = None, uids: object = None) -> Any:
             seen.append(devices)
             return await super().poll(pods, now=now)
 
@@ -206,6 +207,8 @@ def _dcgm_dra(pod: str, container: str, gpu: str, device: str, metric: str = "DC
         "dra_pool_name": "node-1",
         "namespace": "team-a",
         "pod": pod,
+        "job": "dcgm-exporter",  # the scrape the query reads them from (metrics.dcgm.source)
+        "instance": "10.0.0.9:9400",
     }
     return metric + "{" + ",".join(f'{k}="{v}"' for k, v in labels.items()) + "}"
 

@@ -291,7 +291,9 @@ def _pod(i: int, ann: dict[str, str]) -> dict[str, Any]:
 class ZeroUtilization:
     """Every pod reads 0 % (the worst case: every workload becomes an idle candidate)."""
 
-    async def poll(self, pods: Any, *, now: float, devices: object = None) -> dict[PodKey, PodReading]:
+    async def poll(
+        self, pods: Any, *, now: float, devices: object = None, uids: object = None
+    ) -> dict[PodKey, PodReading]:
         return {p: PodReading(0.0) for p in pods}
 
 

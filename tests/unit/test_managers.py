@@ -537,7 +537,7 @@ FINISHED = (
 
 class Idle:
     async def poll(
-        self, pods: Iterable[PodKey], *, now: float, devices: object = None
+        self, pods: Iterable[PodKey], *, now: float, devices: object = None, uids: object = None
     ) -> dict[PodKey, PodReading]:
         return {p: PodReading(0.0, (), 0) for p in pods}
 

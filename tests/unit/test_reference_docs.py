@@ -98,11 +98,12 @@ def test_every_controller_and_agent_metric_is_on_the_page() -> None:
         "ghostgpu_reservation_gpus",
     } <= set(controller)
     assert controller["ghostgpu_ghost_gpus"].labels == ("namespace", "flavor", "verdict")
+    # The tracked pod under labels of the agent's own: Prometheus sets namespace/pod from the target.
     assert agent["ghostgpu_agent_container_processes"].labels == (
-        "namespace",
-        "pod",
-        "uid",
-        "container",
+        "tracked_namespace",
+        "tracked_pod",
+        "tracked_uid",
+        "tracked_container",
         "role",
     )
     for name in [*controller, *agent]:

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import yaml
 
-from ghostgpu.config import GhostgpuConfig, load_config_text, load_default_config
+from ghostgpu.config import AGENT_SOURCE, GhostgpuConfig, load_config_text, load_default_config
 from ghostgpu.render import render_bundles, render_objects
 
 BASE = """\
@@ -258,8 +258,14 @@ def test_its_metrics_are_scraped_with_the_tracked_pods_labels_kept() -> None:
     ]
     assert svc["spec"]["selector"] == daemonset(cfg())["spec"]["selector"]["matchLabels"]
     [endpoint] = monitor["spec"]["endpoints"]
-    # the series' namespace/pod are the tracked pod's: honorLabels keeps them from the agent pod's
-    assert endpoint["port"] == "agent-metrics" and endpoint["honorLabels"] is True
+    # No honorLabels: Prometheus sets job/namespace from this target (what metrics.agentSource
+    # pins), and the tracked pod's labels are the agent's own names, which no target sets.
+    assert endpoint["port"] == "agent-metrics" and endpoint["honorLabels"] is False
+    assert monitor["spec"]["jobLabel"] == "app.kubernetes.io/name"
+    assert {
+        "job": svc["metadata"]["labels"]["app.kubernetes.io/name"],
+        "namespace": svc["metadata"]["namespace"],
+    } == AGENT_SOURCE
     assert monitor["spec"]["namespaceSelector"] == {"matchNames": [svc["metadata"]["namespace"]]}
     off = objects(cfg(extra=", serviceMonitor: {enabled: false}"))
     assert not [

@@ -47,7 +47,7 @@ def test_the_bench_serves_what_the_agent_would_for_the_same_processes() -> None:
     held = {
         (dict(lab)["role"], v)
         for n, lab, v in _samples(bench)
-        if n == PROCESSES_METRIC and (dict(lab)["namespace"], dict(lab)["pod"]) == idle
+        if n == PROCESSES_METRIC and (dict(lab)["tracked_namespace"], dict(lab)["tracked_pod"]) == idle
     }
     assert ("holder", 1.0) in held and ("work", 0.0) in held
 
@@ -63,7 +63,9 @@ def test_scan_timestamps_are_as_fresh_as_the_scrape(monkeypatch: pytest.MonkeyPa
     clock = iter([1000.0, 1000.5, 1005.0])
     monkeypatch.setattr(exporter.time, "time", lambda: next(clock))
     body = _Body(ROWS, agent=True)
-    assert _stamps(body.render()) == [1000.0, 1000.0]
-    assert _stamps(body.render()) == [1000.0, 1000.0]  # within a second: the same block
-    assert _stamps(body.render()) == [1005.0, 1005.0]  # the next scrape 5 s later: fresh
-    assert not _samples(_Body(ROWS, agent=False).render()), "--no-agent serves dcgm's series only"
+    assert _stamps(body.render_agent()) == [1000.0, 1000.0]
+    assert _stamps(body.render_agent()) == [1000.0, 1000.0]  # within a second: the same block
+    assert _stamps(body.render_agent()) == [1005.0, 1005.0]  # the next scrape 5 s later: fresh
+    # the agents' series are a target of their own (/agent/metrics), as the agent's pods are
+    assert not _samples(body.render())
+    assert not _samples(_Body(ROWS, agent=False).render_agent()), "--no-agent serves dcgm's series only"

@@ -229,7 +229,9 @@ def test_the_floor_asks_every_pods_agent_series_not_only_the_idle_ones() -> None
     from ghostgpu.signals.agent import PROCESSES_METRIC, PROGRAM_METRIC, SCAN_METRIC, UNSEEN_METRIC
     from ghostgpu.signals.utilization import PodKey, QuerySpec, build_query, every_signal_query
 
-    spec = QuerySpec(metric="DCGM_FI_DEV_GPU_UTIL", agent_processes=True)
+    spec = QuerySpec(
+        metric="DCGM_FI_DEV_GPU_UTIL", source='job=~"dcgm"', agent_processes=True, agent_source='job=~"agent"'
+    )
     pods = [PodKey("scale-00", "g00000"), PodKey("scale-01", "g00001")]
     plain, full = every_signal_query(spec, pods), every_signal_query(spec, pods, agent=True)
     assert PROCESSES_METRIC not in plain

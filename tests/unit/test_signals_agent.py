@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from ghostgpu.config import ControllerConfig, MetricsConfig
+from ghostgpu.config import AGENT_SOURCE, ControllerConfig, MetricsConfig
 from ghostgpu.controller.app import signal_sources
 from ghostgpu.controller.observe.evidence import evidence_summary
 from ghostgpu.controller.reconciler import Reconciler
@@ -51,7 +51,12 @@ from ghostgpu.verdict import (
 
 NOW = 1_760_000_000.0
 MAX_AGE = 180.0
-SPEC = QuerySpec.from_preset(MetricsConfig().dcgm, max_sample_age=MAX_AGE, agent_processes=True)
+SPEC = QuerySpec.from_preset(
+    MetricsConfig().dcgm,
+    max_sample_age=MAX_AGE,
+    agent_processes=True,
+    agent_source=MetricsConfig().agent_source,
+)
 _FIELDS = {PROCESSES_METRIC: "proc", PROGRAM_METRIC: "prog", SCAN_METRIC: "scan", UNSEEN_METRIC: "unseen"}
 _EXTRA = {"proc": "role", "prog": "program", "unseen": "reason"}
 
@@ -71,11 +76,12 @@ def answer(
     for family in text_string_to_metric_families(store.agent_exposition(now=at - 5)):
         field_ = _FIELDS[family.name]
         for s in family.samples:
-            if (s.labels["namespace"], s.labels["pod"]) not in zero_pods:
-                continue  # `and on(namespace, pod)` the zero pods
+            if (s.labels["tracked_namespace"], s.labels["tracked_pod"]) not in zero_pods:
+                continue  # `and on(tracked_namespace, tracked_pod)` the zero pods
             if field_ == "unseen" and s.value != 1:
                 continue
-            keep = ["namespace", "pod", "uid", "container", *([_EXTRA[field_]] if field_ in _EXTRA else [])]
+            extra = [_EXTRA[field_]] if field_ in _EXTRA else []
+            keep = ["tracked_namespace", "tracked_pod", "tracked_uid", "tracked_container", *extra]
             labels = {k: s.labels[k] for k in keep} | {FIELD_LABEL: field_}
             result.append({"metric": labels, "value": [at, repr(float(s.value))]})
     return {"status": "success", "data": {"resultType": "vector", "result": result}}
@@ -136,18 +142,27 @@ async def poll_agent(prom: Prom, pods: list[PodRef], *, now: float = NOW) -> dic
 def test_the_one_query_carries_the_agent_series_of_the_zero_pods_only_in_agent_mode() -> None:
     pods = [PodKey("team-a", "train-0"), PodKey("team-b", "serve-0")]
     q = build_query(SPEC, pods)
-    zero = '(max by (namespace, pod) (DCGM_FI_DEV_GPU_UTIL{namespace=~"team-a|team-b", pod=~".+"})) <= 0'
-    for metric, field_, by in (
-        (PROCESSES_METRIC, "proc", "namespace, pod, uid, container, role"),
-        (PROGRAM_METRIC, "prog", "namespace, pod, uid, container, program"),
-        (SCAN_METRIC, "scan", "namespace, pod, uid, container"),
-        (UNSEEN_METRIC, "unseen", "namespace, pod, uid, container, reason"),
+    zero = (
+        "(max by (namespace, pod) (max_over_time(DCGM_FI_DEV_GPU_UTIL"
+        '{job=~"nvidia-dcgm-exporter|dcgm-exporter", namespace=~"team-a|team-b", pod=~".+"}[60s]))) <= 0'
+    )
+    on = f'label_replace({zero}, "tracked_namespace", "$1", "namespace", "(.*)")'
+    on = f'label_replace({on}, "tracked_pod", "$1", "pod", "(.*)")'
+    sel = '{job=~"ghostgpu-agent", namespace=~"ghostgpu-agent", tracked_namespace=~"team-a|team-b"}'
+    key = "tracked_namespace, tracked_pod, tracked_uid, tracked_container"
+    for agg, metric, field_, by in (
+        ("max", PROCESSES_METRIC, "proc", f"{key}, role"),
+        ("max", PROGRAM_METRIC, "prog", f"{key}, program"),
+        ("min", SCAN_METRIC, "scan", key),  # the oldest scan of the window
+        ("max", UNSEEN_METRIC, "unseen", f"{key}, reason"),
     ):
-        # each aggregated by the agent's labels (a container scraped twice is one series), only
-        # for pods at or under the zero threshold, tagged with its field
-        assert f'label_replace(max by ({by}) (({metric}{{namespace=~"team-a|team-b"}}' in q
-        assert f'and on(namespace, pod) ({zero})), "{FIELD_LABEL}", "{field_}", "", "")' in q
-    assert f'{UNSEEN_METRIC}{{namespace=~"team-a|team-b"}} == 1' in q
+        # each read only from the agent's scrape, over the window (the most processes of each
+        # role, every program seen), aggregated by the tracked container's labels (a container
+        # scraped twice is one series), only for pods at or under the zero threshold
+        over = "min_over_time" if agg == "min" else "max_over_time"
+        assert f"label_replace({agg} by ({by}) (({over}({metric}{sel}[60s])" in q, metric
+        assert f'and on(tracked_namespace, tracked_pod) ({on})), "{FIELD_LABEL}", "{field_}", "", "")' in q
+    assert f"max_over_time({UNSEEN_METRIC}{sel}[60s]) == 1" in q
     # still one expression that does not grow with the fleet
     many = [PodKey(f"team-{i % 2}", f"pod-{i}") for i in range(3000)]
     assert len(build_query(SPEC, many)) == len(build_query(SPEC, many[:2]))
@@ -156,12 +171,14 @@ def test_the_one_query_carries_the_agent_series_of_the_zero_pods_only_in_agent_m
 
 
 def test_a_preset_with_other_pod_labels_is_matched_to_the_agents_namespace_and_pod() -> None:
-    spec = QuerySpec.from_preset(MetricsConfig().hami, max_sample_age=MAX_AGE, agent_processes=True)
+    spec = QuerySpec.from_preset(
+        MetricsConfig().hami, max_sample_age=MAX_AGE, agent_processes=True, agent_source=AGENT_SOURCE
+    )
     q = build_query(spec, [PodKey("team-a", "train-0")])
     ns_label, pod_label = spec.namespace_label, spec.pod_label
     assert (ns_label, pod_label) != ("namespace", "pod")
-    assert f'"namespace", "$1", "{ns_label}", "(.*)")' in q
-    assert f'"pod", "$1", "{pod_label}", "(.*)")' in q
+    assert f'"tracked_namespace", "$1", "{ns_label}", "(.*)")' in q
+    assert f'"tracked_pod", "$1", "{pod_label}", "(.*)")' in q
 
 
 # --- per container ----------------------------------------------------------------------------------
@@ -216,7 +233,12 @@ async def test_a_query_that_fails_fails_every_container(prom: Prom) -> None:
 
 
 def _series(field_: str, value: float, **labels: str) -> dict[str, Any]:
-    base = {"namespace": "team-a", "pod": "train-0", "uid": "u1", "container": "main"}
+    base = {
+        "tracked_namespace": "team-a",
+        "tracked_pod": "train-0",
+        "tracked_uid": "u1",
+        "tracked_container": "main",
+    }
     return {"metric": base | labels | {FIELD_LABEL: field_}, "value": [NOW, repr(value)]}
 
 
@@ -246,7 +268,7 @@ ALL_ZERO = [_series("proc", 0, role=r) for r in ROLES6]
         ([_series("proc", 0.5 if r == "work" else 0, role=r) for r in ROLES6] + [_series("scan", NOW)],
          FailureReason.PARSE_ERROR),
         # two pods of one name (old series of a replaced pod linger): neither is used
-        ([*ALL_ZERO, _series("scan", NOW), _series("scan", NOW, uid="u2")],
+        ([*ALL_ZERO, _series("scan", NOW), _series("scan", NOW, tracked_uid="u2")],
          FailureReason.OTHER),
         ([_series("unseen", 1, reason="something-new")], FailureReason.OTHER),
     ],
@@ -348,17 +370,17 @@ def test_the_fake_exporters_agent_series_follow_the_contract() -> None:
     store.set_agent(AgentContainer(namespace="ns", pod="p", uid="u", roles={"work": 1}, programs=programs))
     store.set_agent(AgentContainer(namespace="ns", pod="q", uid="v", unseen="not-running"))
     families = {f.name: f.samples for f in text_string_to_metric_families(store.agent_exposition(now=NOW))}
-    roles = [s for s in families[PROCESSES_METRIC] if s.labels["pod"] == "p"]
+    roles = [s for s in families[PROCESSES_METRIC] if s.labels["tracked_pod"] == "p"]
     assert sorted(s.labels["role"] for s in roles) == sorted(ROLES6)  # all six, 0 included
     programs = [s.labels["program"] for s in families[PROGRAM_METRIC]]
     assert len(programs) == 4 and all(len(p) <= 64 for p in programs)
     assert [s.value for s in families[SCAN_METRIC]] == [NOW]
     # an unseen container has the unseen series and no processes series
     assert [s.labels["reason"] for s in families[UNSEEN_METRIC]] == ["not-running"]
-    assert not [s for s in families[PROCESSES_METRIC] if s.labels["pod"] == "q"]
+    assert not [s for s in families[PROCESSES_METRIC] if s.labels["tracked_pod"] == "q"]
     with pytest.raises(ValueError, match="unknown role"):
         store.set_agent(AgentContainer(namespace="ns", pod="p", roles={"gpu": 1}))
-    assert store.remove("ns", "p") == 1 and 'pod="p"' not in store.agent_exposition(now=NOW)
+    assert store.remove("ns", "p") == 1 and 'tracked_pod="p"' not in store.agent_exposition(now=NOW)
 
 
 # --- the controller in agent mode -------------------------------------------------------------------

@@ -109,23 +109,29 @@ async def poll(url: str, pods: list[PodKey], *, timeout: float = 2.0, spec: Quer
 
 def test_query_is_one_expression_that_does_not_grow_with_the_pods() -> None:
     q = build_query(SPEC, [A, B, C])
-    # the reading (twice: as `util`, and as the zero filter of `fb`) and its timestamp (twice:
-    # fresh pods get `util`, stale pods `ts`), all over the same selector
-    assert q.count("DCGM_FI_DEV_GPU_UTIL{") == 4
+    # the reading (three times: as `util`, and as the zero filter of `fb` and `uid`), its
+    # timestamp (twice: fresh pods get `util`, stale pods `ts`) and the idle pods' UIDs, all over
+    # the same selector: dcgm-exporter's scrape only
+    assert q.count("DCGM_FI_DEV_GPU_UTIL{") == 6
+    assert q.count('DCGM_FI_DEV_GPU_UTIL{job=~"nvidia-dcgm-exporter|dcgm-exporter", ') == 6
     assert q.count("min by (namespace, pod) (timestamp(DCGM_FI_DEV_GPU_UTIL{") == 2
     assert ">= time() - 60)" in q and "< time() - 60," in q
     # namespaces are named (escaped), pods are not: the query does not grow with the fleet
     assert 'pod=~".+"' in q and "notebook-7f9c" not in q
     assert 'namespace=~"team-a|team-b"' in q
     many = [PodKey(f"team-{i % 3}", f"pod-{i}") for i in range(5000)]
-    assert len(build_query(SPEC, many)) == len(build_query(SPEC, many[:3])) < 1500
+    assert len(build_query(SPEC, many)) == len(build_query(SPEC, many[:3])) < 2500
     assert "DCGM_FI_DEV_XID_ERRORS{" in q and "> 0" in q
-    # util, ts, fb (framebuffer in bytes: dcgm-exporter reports MiB) and xid in one expression
-    assert q.count(" or ") == 3
+    # util, ts, uid, fb (framebuffer in bytes: dcgm-exporter reports MiB), fbneg and xid in one
+    # expression (the poll's own query also asks for samples ahead of the clock: build_query(now=))
+    assert q.count(" or ") == 5
     assert "timestamp(DCGM_FI_DEV_GPU_UTIL{" in q
-    assert "(sum by (namespace, pod) (max without (container) (DCGM_FI_DEV_FB_USED{" in q
+    assert "(sum by (namespace, pod) (max without (container) (max_over_time(DCGM_FI_DEV_FB_USED{" in q
     assert ") * 1048576" in q
-    assert ") * 1048576) and on(namespace, pod) ((max by (namespace, pod) (DCGM_FI_DEV_GPU_UTIL{" in q
+    assert (
+        ") * 1048576) and on(namespace, pod) ((max by (namespace, pod) (max_over_time(DCGM_FI_DEV_GPU_UTIL{"
+        in q
+    )
     assert ")) <= 0)" in q
     assert '"ghostgpu_field", "fb"' in q
 

@@ -212,7 +212,9 @@ def test_the_reservation_does_not_count_a_tracked_workloads_pods_twice() -> None
 
 
 class Idle:
-    async def poll(self, pods: Any, *, now: float, devices: object = None) -> dict[PodKey, PodReading]:
+    async def poll(
+        self, pods: Any, *, now: float, devices: object = None, uids: object = None
+    ) -> dict[PodKey, PodReading]:
         return {p: PodReading(0.0, (), 0) for p in pods}
 
 

@@ -252,7 +252,8 @@ class Observer:
             for p in pods
             if p.dra_devices
         }
-        readings = await self.utilization.poll(keys_, now=now, devices=devices)
+        uids = {PodKey(p.namespace, p.name): p.uid for _, pods, _ in eligible.values() for p in pods}
+        readings = await self.utilization.poll(keys_, now=now, devices=devices, uids=uids)
         failed = self.metrics.signal_failures
         # Processes only once the window is all zero; artifacts from the first zero sample on, so
         # that the window's start has a measurement by the time the window is complete. One pass.
