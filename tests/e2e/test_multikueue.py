@@ -571,6 +571,9 @@ def test_orchestrated_preemption_spares_the_placeholder_when_another_worker_has_
     took = _restart_kueues(fleet, {"MultiKueueOrchestratedPreemption": True})
     try:
         first = wait_for(lambda: _reserved(w1), 60, "worker 1's placeholder")
+        # The controller counts an eviction at the poll after it: the one of the test before is
+        # counted before this test's baseline is read.
+        controllers["worker-1"].wait_polls(2)
         evicted_before = controllers["worker-1"].metric(EVICTIONS, reason="InClusterQueue")
         sent = fleet.job("urgent-gated", priority_class="production")
         wait_for(lambda: fleet.placed_on("urgent-gated") is not None, 90, "the production Job placed")
