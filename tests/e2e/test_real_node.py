@@ -455,7 +455,9 @@ def test_the_agent_command_exports_every_real_containers_roles(fleet: Fleet, dev
                     continue
                 roles: set[str] = set()
                 for c in s.containers:
-                    base = {"namespace": fleet.ns, "pod": fleet.pods[s.name], "container": c}
+                    # the tracked pod under the agent's own label names (Prometheus sets namespace/pod)
+                    pod = fleet.pods[s.name]
+                    base = {"tracked_namespace": fleet.ns, "tracked_pod": pod, "tracked_container": c}
                     for (name, labels), value in series.items():
                         lab = dict(labels)
                         ours = all(lab.get(k) == v for k, v in base.items())
