@@ -580,7 +580,7 @@ def test_orchestrated_preemption_spares_the_placeholder_when_another_worker_has_
         placed, after = fleet.placed_on("urgent-gated"), time.monotonic() - sent
         controllers["worker-1"].wait_polls(2)
         evictions = controllers["worker-1"].metric(EVICTIONS, reason="InClusterQueue") - evicted_before
-        now = _reserved(w1)
+        now = wait_for(lambda: _reserved(w1), 60, "worker 1's placeholder admitted")
         print(
             f"orchestrated preemption (Kueue restarted in {max(took):.1f}s at most): placed on {placed} "
             f"{after:.1f}s after it was created; placeholder evictions on worker-1: {evictions:g}; "
