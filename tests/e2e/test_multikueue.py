@@ -503,8 +503,14 @@ def test_a_higher_priority_job_sent_to_both_workers(fleet: Fleet, controllers: d
             f"worker-1: {evictions:g}; refused pods: worker-1 {w1.refused('urgent')}, "
             f"worker-2 {w2.refused('urgent')}; placeholder admitted again 2 polls later: {back is not None}"
         )
-        assert placed == "worker-2", "worker 2 has the room: it wins"
-        assert w2.refused("urgent") == [] and w1.refused("urgent") == []
+        # A race (Kueue's AllAtOnce: the first worker to admit wins): worker 2 admits at once, worker 1
+        # only by preempting its placeholder, and on a loaded machine that can come first; then its
+        # pod waits on GPUs the ghost holds (docs/reservation.md, the limit). Either way nothing else.
+        assert placed in ("worker-1", "worker-2"), placed
+        if placed == "worker-2":
+            assert w2.refused("urgent") == [] and w1.refused("urgent") == []
+        else:
+            assert evictions >= 1 and w2.refused("urgent") == [], "worker 1 won only by preempting"
     finally:
         fleet.delete_job("urgent")
     gone = time.monotonic()
