@@ -12,7 +12,7 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
 from ghostgpu.quantity import Duration, Quantity
@@ -115,6 +115,12 @@ class TeamIdleSessions(_Model):
         return _mode(value)
 
 
+def _cpu_source(value: dict[str, str]) -> dict[str, str]:
+    from ghostgpu.config import _source_selector  # the one check of a source selector
+
+    return _source_selector(value)
+
+
 def _mode(value: Any) -> Any:
     # YAML 1.1 reads a bare `off` as false.
     if value is False:
@@ -179,6 +185,12 @@ class IdleSessionsConfig(_Model):
         le=1,
         description="The share of the window's expected samples each series must have; fewer is a "
         "gap that might hide activity: UNKNOWN.",
+    )
+    cpu_source: Annotated[dict[str, str], AfterValidator(_cpu_source)] = Field(
+        default_factory=lambda: {"job": "kubelet", "metrics_path": "/metrics/cadvisor"},
+        description="The scrape whose container_cpu_usage_seconds_total is read (the kubelet's "
+        "cAdvisor endpoint; kube-prometheus-stack's job and path): label -> regex, never the metric "
+        "name and pod labels alone.",
     )
     teams: dict[str, TeamIdleSessions] = Field(
         default_factory=dict,
