@@ -21,11 +21,19 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from ghostgpu.config import MetricsPreset, _promql_alternation
+from ghostgpu.idle_policy import SessionClass
+from ghostgpu.idle_sessions import WindowEvidence
 from ghostgpu.promql import label_matchers
 from ghostgpu.verdict import FailureReason, SignalFailure
 
-FIELDS = ("util_max", "util_count", "fb_min", "fb_max", "cpu", "cpu_count", "last_busy")
+FIELDS = (
+    "util_max", "util_count", "fb_min", "fb_max", "cpu", "cpu_count", "last_busy",
+    "newest_start", "agent_count", "running", "tty_changes", "monitor_cpu",
+)  # fmt: skip
 CPU_METRIC = "container_cpu_usage_seconds_total"
+AGENT = "ghostgpu_agent_container_"
+# The class of a pod's containers, as the agent tells it: field class_<name> = 1.
+CLASS_PREFIX = "class_"
 
 
 def _duration(seconds: float) -> str:
@@ -35,6 +43,7 @@ def _duration(seconds: float) -> str:
 def history_query(
     preset: MetricsPreset,
     cpu_source: Mapping[str, str],
+    agent_source: Mapping[str, str],
     pods: Sequence[tuple[str, str]],
     *,
     window_s: float,
@@ -72,17 +81,38 @@ def history_query(
         ),
         "last_busy": f"max by ({by}) (max_over_time((timestamp({util} > {threshold!r}))[{lb}:{step}]))",
     }
-    return " or ".join(
-        f'label_replace({expr}, "ghostgpu_field", "{name}", "", "")' for name, expr in parts.items()
+    # The node agent's idle-session facts (agent/idle_facts.py), by its own label names.
+    agent = f'{label_matchers(agent_source)}, tracked_namespace=~"{namespaces}", tracked_pod=~"{names}"'
+    tb = "tracked_namespace, tracked_pod"
+    for name, expr in {
+        "newest_start": f"max by ({tb}) (max_over_time({AGENT}newest_start_seconds{{{agent}}}[{w}]))",
+        "agent_count": f"min by ({tb}) (count_over_time({AGENT}newest_start_seconds{{{agent}}}[{w}]))",
+        "running": f"max by ({tb}) (max_over_time({AGENT}running{{{agent}}}[{w}]))",
+        "tty_changes": f"sum by ({tb}) (changes({AGENT}tty_wakeups{{{agent}}}[{w}]))",
+        "monitor_cpu": f"sum by ({tb}) (increase({AGENT}monitor_cpu_seconds{{{agent}}}[{w}]))",
+    }.items():
+        parts[name] = _relabel(expr, ns_label, pod_label, "tracked_namespace", "tracked_pod")
+    classes = _relabel(
+        f"max by ({tb}, class) (last_over_time({AGENT}session{{{agent}}}[{w}]))",
+        ns_label,
+        pod_label,
+        "tracked_namespace",
+        "tracked_pod",
     )
+    fields = [f'label_replace({expr}, "ghostgpu_field", "{name}", "", "")' for name, expr in parts.items()]
+    fields.append(f'label_replace({classes}, "ghostgpu_field", "{CLASS_PREFIX}$1", "class", "(.+)")')
+    return " or ".join(fields)
 
 
-def _relabel(expr: str, ns_label: str, pod_label: str) -> str:
-    """cAdvisor's namespace/pod labels under the GPU preset's names, so the fields group alike."""
-    if ns_label != "namespace":
-        expr = f'label_replace({expr}, "{ns_label}", "$1", "namespace", "(.*)")'
-    if pod_label != "pod":
-        expr = f'label_replace({expr}, "{pod_label}", "$1", "pod", "(.*)")'
+def _relabel(
+    expr: str, ns_label: str, pod_label: str, ns_from: str = "namespace", pod_from: str = "pod"
+) -> str:
+    """Another source's namespace/pod labels under the GPU preset's names, so the fields group
+    alike (the source's own labels are dropped by the aggregation around it)."""
+    if ns_label != ns_from:
+        expr = f'label_replace({expr}, "{ns_label}", "$1", "{ns_from}", "(.*)")'
+    if pod_label != pod_from:
+        expr = f'label_replace({expr}, "{pod_label}", "$1", "{pod_from}", "(.*)")'
     return expr
 
 
@@ -107,13 +137,13 @@ def parse_history(
     for labels, value in rows:
         name = labels.get("ghostgpu_field", "")
         key = (labels.get(ns_label, ""), labels.get(pod_label, ""))
-        if name not in FIELDS or not all(key):
+        if not (name in FIELDS or name.startswith(CLASS_PREFIX)) or not all(key):
             continue
         h = out.setdefault(key, PodHistory())
         old = h.values.get(name)
         if old is None:
             h.values[name] = value
-        elif name in ("util_count", "cpu_count", "fb_min"):
+        elif name in ("util_count", "cpu_count", "fb_min", "agent_count"):
             h.values[name] = min(old, value)
         else:
             h.values[name] = max(old, value)
@@ -131,6 +161,47 @@ class WorkloadHistory:
     cpu_seconds: float | SignalFailure
     cpu_samples: int | SignalFailure
     last_busy_at: float | SignalFailure | None
+    # The agent's: the newest process start (unix time), how many of its scans the window holds,
+    # running processes, changes of the terminal wakeups, monitor CPU seconds (None: no monitor).
+    newest_start: float | SignalFailure
+    agent_samples: int | SignalFailure
+    running: int | SignalFailure
+    tty_changes: float | SignalFailure
+    monitor_cpu: float | None
+    # The most doubtful class any pod's containers have (idle_sessions.class_of's order); None
+    # when a pod reports none (a program no list knows, or no agent series).
+    session_class: SessionClass | None
+
+    def evidence(
+        self, *, window_s: float, expected_samples: int, lookback_s: float, now: float
+    ) -> WindowEvidence:
+        """The ladder's input (idle_sessions.climb). Agent facts from fewer scans than the GPU
+        series needs are a failure: a gap may hide a process that came and went."""
+        thin = SignalFailure(reason=FailureReason.STALE, detail="too few agent scans in the window")
+        agent_ok = not isinstance(self.agent_samples, SignalFailure) and self.agent_samples > 0
+        age: float | SignalFailure = (
+            self.newest_start
+            if isinstance(self.newest_start, SignalFailure)
+            else (now - self.newest_start if agent_ok else thin)
+        )
+        return WindowEvidence(
+            window_s=window_s,
+            expected_samples=expected_samples,
+            gpu_util_max=self.gpu_util_max,
+            gpu_samples=self.gpu_samples,
+            memory_min_bytes=self.memory_min_bytes,
+            memory_max_bytes=self.memory_max_bytes,
+            cpu_seconds=self.cpu_seconds,
+            cpu_samples=self.cpu_samples,
+            monitor_cpu_seconds=self.monitor_cpu,
+            youngest_process_age_s=age,
+            running_processes=self.running if agent_ok or isinstance(self.running, SignalFailure) else thin,
+            terminal_wakeups=self.tty_changes
+            if agent_ok or isinstance(self.tty_changes, SignalFailure)
+            else thin,
+            last_busy_at=self.last_busy_at,
+            lookback_s=lookback_s,
+        )
 
 
 def workload_history(
@@ -154,6 +225,15 @@ def workload_history(
         return v if isinstance(v, SignalFailure) else int(v)
 
     busy = [h.values["last_busy"] for h in per if "last_busy" in h.values]
+    monitors = [h.values["monitor_cpu"] for h in per if "monitor_cpu" in h.values]
+    classes: list[SessionClass] = []
+    for h in per:
+        mine = [SessionClass(n[len(CLASS_PREFIX) :]) for n in h.values if _known_class(n)]
+        if not mine:
+            classes = []
+            break
+        classes.extend(mine)
+    running = fold("running", "max")
     return WorkloadHistory(
         gpu_util_max=fold("util_max", "max"),
         gpu_samples=count("util_count"),
@@ -162,4 +242,29 @@ def workload_history(
         cpu_seconds=fold("cpu", "sum"),
         cpu_samples=count("cpu_count"),
         last_busy_at=max(busy) if busy else None,
+        newest_start=fold("newest_start", "max"),
+        agent_samples=count("agent_count"),
+        running=running if isinstance(running, SignalFailure) else int(running),
+        tty_changes=fold("tty_changes", "sum"),
+        monitor_cpu=sum(monitors) if monitors else None,
+        session_class=_doubtful(classes),
     )
+
+
+_ORDER = (
+    SessionClass.OTHER,
+    SessionClass.SERVER,
+    SessionClass.NOTEBOOK,
+    SessionClass.TERMINAL,
+    SessionClass.MONITOR,
+)
+
+
+def _known_class(field_name: str) -> bool:
+    return field_name.startswith(CLASS_PREFIX) and field_name[len(CLASS_PREFIX) :] in {
+        c.value for c in SessionClass
+    }
+
+
+def _doubtful(classes: list[SessionClass]) -> SessionClass | None:
+    return min(classes, key=_ORDER.index) if classes else None
