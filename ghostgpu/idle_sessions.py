@@ -366,14 +366,15 @@ def next_step(
     A stop needs, all at once: the ladder idle over at least after + warnBefore (read fresh, so an
     annotation copied from another object or edited cannot shorten anything), the work ended that
     long ago, a warning given at least warnBefore ago, its deadline and any snooze passed."""
-    covered = policy.mode != "off" and cls is not None and policy.classes.allows(cls)
-    if not covered:
-        why = "no class told" if cls is None else f"class {cls.value} not covered (mode {policy.mode})"
+    if policy.mode == "off" or (cls is not None and not policy.classes.allows(cls)):
+        why = f"class {cls.value if cls else 'unknown'} not covered (mode {policy.mode})"
         return Step(action="clear" if record else "none", cls=cls, reason=why)
     if ladder.outcome == "active":
         return Step(action="clear" if record else "none", cls=cls, reason=ladder.keeps())
-    if ladder.outcome == "unknown" or ladder.idle_since is None:
-        return Step(action="hold" if record else "none", cls=cls, record=record, reason=ladder.keeps())
+    if cls is None or ladder.outcome == "unknown" or ladder.idle_since is None:
+        # A class nobody could tell (the agent's facts missing) is as unknown as a failed rung.
+        why = ladder.keeps() or "no class told"
+        return Step(action="hold" if record else "none", cls=cls, record=record, reason=why)
     since = ladder.idle_since
     idle_for = now - since
     if idle_for < policy.after_s:
