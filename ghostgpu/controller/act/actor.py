@@ -82,7 +82,7 @@ class Actor:
             # reasons-only updates of an ACTIVE verdict (budget.Priority).
             records = sorted(rulings.records, key=lambda r: _record_priority(r[3], r[5]))
             await self._apply_records(result, records)
-        if self.idle is not None and rulings.idle:
+        if self.idle is not None:  # with no candidate, too: its gauge then says none
             for c, step in await self.idle.tend(rulings.idle):
                 if step.action not in ("none", "hold", "warned"):
                     result.actions.append((c.workload.ref, f"idle-{step.action}"))
