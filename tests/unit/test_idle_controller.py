@@ -5,6 +5,7 @@ a warning stops nothing."""
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 from typing import Any
@@ -123,6 +124,9 @@ async def test_an_idle_kernel_is_warned_then_stopped_through_its_owner(tmp_path:
     assert 900 in prom.windows  # the evidence was read again over after + warnBefore
     assert ann["ghostgpu.io/reclaimed-from-replicas"] == "1"  # `ghostgpu restore` puts it back
     assert reasons(h)[-1] == "IdleSessionStopped"
+    logged = [json.loads(line) for line in (tmp_path / "decisions.jsonl").read_text().splitlines()]
+    actions = [row.get("action") for row in logged if row.get("workload", "").endswith("/nb")]
+    assert "idle-warn" in actions and "idle-warned" in actions and "idle-stop" in actions
 
 
 async def test_a_silent_cpu_computation_is_never_warned(tmp_path: Path) -> None:

@@ -83,9 +83,16 @@ class Actor:
             records = sorted(rulings.records, key=lambda r: _record_priority(r[3], r[5]))
             await self._apply_records(result, records)
         if self.idle is not None:  # with no candidate, too: its gauge then says none
-            for c, step in await self.idle.tend(rulings.idle):
-                if step.action not in ("none", "hold", "warned"):
-                    result.actions.append((c.workload.ref, f"idle-{step.action}"))
+            steps = {
+                c.workload.ref: f"idle-{step.action}"
+                for c, step in await self.idle.tend(rulings.idle)
+                if step.action != "none"
+            }
+            result.actions.extend(
+                (ref, a) for ref, a in steps.items() if a not in ("idle-hold", "idle-warned")
+            )
+            if steps:  # the decision log records each idle session's step as the row's action
+                rulings.rows[:] = [(r[0], r[1], r[2], r[3], steps.get(r[0], r[4])) for r in rulings.rows]
 
     async def _apply_one(self, result: PollResult, *args: Any) -> None:
         wl = args[0]
