@@ -9,6 +9,7 @@ Pure: the model, its per-team overrides and the namespace annotation's clamp. No
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
@@ -251,7 +252,7 @@ class ResolvedIdlePolicy(BaseModel):
     after_max_s: float
     note: str = ""  # how a Namespace annotation changed `after`, for the Event
 
-    def with_namespace(self, annotations: dict[str, str] | None) -> ResolvedIdlePolicy:
+    def with_namespace(self, annotations: Mapping[str, str] | None) -> ResolvedIdlePolicy:
         """`after` as the Namespace's ghostgpu.io/idle-after sets it, clamped to the file's bounds.
         An unreadable value changes nothing and says so (the note)."""
         raw = (annotations or {}).get(AFTER_ANNOTATION)

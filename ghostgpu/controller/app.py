@@ -38,6 +38,7 @@ from ghostgpu.controller.inventory import (
     cached_pod,
     dra_gpus_of,
     gpu_predicate,
+    namespace_view,
     workload_from,
 )
 from ghostgpu.controller.kube import (
@@ -143,9 +144,7 @@ class Informers:
         gpu_classes: Sequence[str] = (),
     ) -> None:
         tracked = f"{keys.TRACKED_LABEL}=true"
-        self.namespaces = Reflector(
-            api, NAMESPACES, transform=lambda o: dict((o.get("metadata") or {}).get("labels") or {})
-        )
+        self.namespaces = Reflector(api, NAMESPACES, transform=namespace_view)
         # Every pod, once: its view, plus the workload for tracked bare pods (inventory.CachedPod).
         self.pods = Reflector(api, PODS, transform=lambda o: cached_pod(o, is_gpu))
         self.nodes = Reflector(api, NODES, transform=_slim_node)

@@ -64,7 +64,7 @@ class ScriptedPrometheus:
                 "util_count": samples,
                 "cpu_count": samples,
                 "agent_count": samples,
-                "newest_start": self.h.clock - 86400,
+                "newest_start": self.h.clock - 30 * 86400,
                 **self.fields,
             }
             for name, value in values.items():
@@ -205,3 +205,12 @@ async def test_shadow_mode_warns_nobody(tmp_path: Path) -> None:
     assert IDLE_DEADLINE not in annotations(h) and reasons(h) == [] and h.cluster.scaled == []
     states = {s.labels["state"] for s in h.metrics.idle_sessions.collect()[0].samples}
     assert states == {"would-stop"}
+
+
+async def test_a_namespace_annotation_moves_after_within_bounds(tmp_path: Path) -> None:
+    h, prom = harness(tmp_path)
+    prom.idle()
+    h.namespaces[NS]["ghostgpu.io/idle-after"] = "1000h"  # beyond afterBounds.max (168h): cut to it
+    warned = await until_warned(h)
+    assert prom.windows[0] == 168 * 3600  # the history is read over the namespace's `after`
+    assert annotations(h)[IDLE_SINCE] == format_time(warned - 168 * 3600)

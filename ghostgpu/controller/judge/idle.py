@@ -36,11 +36,14 @@ def candidates(
     judged: Mapping[WorkloadRef, Judged],
     teams: Mapping[str, str | None],
     before: Collection[WorkloadRef] | None,
+    namespaces: Mapping[str, Mapping[str, str]] | None = None,
 ) -> list[Candidate]:
     """`before`: last poll's candidates (a warning is only ever written to one), so only they are
     looked at for a recorded warning; None (the first poll) looks at every workload, which finds the
-    warnings a restarted controller left."""
+    warnings a restarted controller left. `namespaces`: name -> its labels and idle-after
+    annotation (inventory.namespace_view), which moves `after` within the file's bounds."""
     idle = cfg.idle_sessions
+    namespaces = namespaces or {}
     modes = {idle.mode} | {t.mode for t in idle.teams.values() if t.mode is not None}
     if modes == {"off"}:
         return []  # the policy applies nowhere: no workload is looked at (the fleet's common case)
@@ -51,7 +54,7 @@ def candidates(
         if not held and ((before is not None and wl.ref not in before) or not _warned(wl)):
             continue
         team = teams.get(wl.ref.namespace)
-        policy = idle.for_team(team)
+        policy = idle.for_team(team).with_namespace(namespaces.get(wl.ref.namespace))
         if held and policy.mode == "off" and not _warned(wl):
             continue
         # A warned workload whose own window shows no work but has not reached IDLE_HELD (a

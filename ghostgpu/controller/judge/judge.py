@@ -150,6 +150,6 @@ class Judge:
             (out.records if p.action in NO_ACTION else out.actions).append(
                 (wl, pods, st, verdict, evidence, p)
             )
-        out.idle = idle_sessions.candidates(self.cfg, result.judged, teams, self.idle_before)
+        out.idle = idle_sessions.candidates(self.cfg, result.judged, teams, self.idle_before, snap.namespaces)
         self.idle_before = {c.workload.ref for c in out.idle}
         return out
