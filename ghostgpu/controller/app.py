@@ -38,7 +38,6 @@ from ghostgpu.controller.inventory import (
     cached_pod,
     dra_gpus_of,
     gpu_predicate,
-    namespace_view,
     workload_from,
 )
 from ghostgpu.controller.kube import (
@@ -144,7 +143,7 @@ class Informers:
         gpu_classes: Sequence[str] = (),
     ) -> None:
         tracked = f"{keys.TRACKED_LABEL}=true"
-        self.namespaces = Reflector(api, NAMESPACES, transform=namespace_view)
+        self.namespaces = Reflector(api, NAMESPACES, transform=keys.namespace_view)
         # Every pod, once: its view, plus the workload for tracked bare pods (inventory.CachedPod).
         self.pods = Reflector(api, PODS, transform=lambda o: cached_pod(o, is_gpu))
         self.nodes = Reflector(api, NODES, transform=_slim_node)

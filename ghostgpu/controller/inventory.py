@@ -26,7 +26,6 @@ from ghostgpu.controller.claims import (
     pod_container_claims,
 )
 from ghostgpu.controller.packing import pack, unpack
-from ghostgpu.idle_policy import AFTER_ANNOTATION
 from ghostgpu.quantity import Quantity
 from ghostgpu.signals.dra import DraDevice
 from ghostgpu.signals.faults import PodFaults, pod_faults
@@ -389,19 +388,6 @@ def workload_from(
         raw_packed=pack(slim_raw(obj)),
         owner=controller_owner(meta),
     )
-
-
-def namespace_view(obj: Mapping[str, Any]) -> dict[str, str]:
-    """A Namespace as the controller keeps it: its labels, plus the one annotation it reads,
-    ghostgpu.io/idle-after (docs/idle-sessions.md), under that key. A label of the same name reads
-    the same when no annotation is set: both are the namespace's owner's to write, and the policy
-    clamps the value to the file's bounds either way."""
-    meta = obj.get("metadata") or {}
-    out = dict(meta.get("labels") or {})
-    after = (meta.get("annotations") or {}).get(AFTER_ANNOTATION)
-    if isinstance(after, str):
-        out[AFTER_ANNOTATION] = after[:64]
-    return out
 
 
 def slim_raw(obj: Mapping[str, Any]) -> dict[str, Any]:

@@ -214,3 +214,17 @@ async def test_a_namespace_annotation_moves_after_within_bounds(tmp_path: Path) 
     warned = await until_warned(h)
     assert prom.windows[0] == 168 * 3600  # the history is read over the namespace's `after`
     assert annotations(h)[IDLE_SINCE] == format_time(warned - 168 * 3600)
+
+
+def test_the_namespace_watch_keeps_labels_and_the_idle_after_annotation() -> None:
+    from ghostgpu.controller.keys import namespace_view
+
+    ns = {
+        "metadata": {
+            "name": NS,
+            "labels": {"ghostgpu.io/team": "research"},
+            "annotations": {"ghostgpu.io/idle-after": "6h", "other": "x" * 1000},
+        }
+    }
+    assert namespace_view(ns) == {"ghostgpu.io/team": "research", "ghostgpu.io/idle-after": "6h"}
+    assert namespace_view({"metadata": {}}) == {}
