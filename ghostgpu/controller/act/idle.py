@@ -129,6 +129,11 @@ class IdleSessions:
         if step.action == "reread":
             full = c.policy.after_s + c.policy.warn_before_s
             step = self._climb(c, await self._history([c], full), full, now, record, annotations, raw)
+        if step.action == "stop" and c.verdict.kind is not VerdictKind.IDLE_HELD:
+            # Belt and braces: this controller's own window must agree too (after a restart it
+            # waits for its long window; the history alone never stops a session).
+            why = f"the stop waits for this controller's window to say IDLE_HELD (now {c.verdict.kind.value})"
+            return step.model_copy(update={"action": "hold", "reason": why})
         return step
 
     def _climb(
@@ -185,9 +190,7 @@ class IdleSessions:
             await self.actor.cluster.event(
                 wl.raw, reason="IdleSessionActive", message=f"idle-session warning cancelled: {step.reason}"
             )
-        elif step.action == "stop" and c.verdict.kind is VerdictKind.IDLE_HELD:
-            # Belt and braces: this controller's own window agrees too (after a restart it waits
-            # for its long window; the history alone never stops a session).
+        elif step.action == "stop":
             await self._stop(c, step, gpus, cls, now)
 
     async def _stop(self, c: Candidate, step: Step, gpus: float, cls: str, now: float) -> None:
