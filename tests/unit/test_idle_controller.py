@@ -123,6 +123,7 @@ async def test_an_idle_kernel_is_warned_then_stopped_through_its_owner(tmp_path:
     assert [(r.name, n) for r, n in h.cluster.scaled] == [("nb", 0)]
     assert 900 in prom.windows  # the evidence was read again over after + warnBefore
     assert ann["ghostgpu.io/reclaimed-from-replicas"] == "1"  # `ghostgpu restore` puts it back
+    assert IDLE_DEADLINE not in ann  # the warning is spent: a restored session starts anew
     assert reasons(h)[-1] == "IdleSessionStopped"
     logged = [json.loads(line) for line in (tmp_path / "decisions.jsonl").read_text().splitlines()]
     actions = [row.get("action") for row in logged if row.get("workload", "").endswith("/nb")]
@@ -228,3 +229,17 @@ def test_the_namespace_watch_keeps_labels_and_the_idle_after_annotation() -> Non
     }
     assert namespace_view(ns) == {"ghostgpu.io/team": "research", "ghostgpu.io/idle-after": "6h"}
     assert namespace_view({"metadata": {}}) == {}
+
+
+async def test_a_stop_the_gate_refuses_is_escalated_once(tmp_path: Path) -> None:
+    h, prom = harness(tmp_path)
+    h.cfg = h.cfg.model_copy(
+        update={"autonomy": h.cfg.autonomy.model_copy(update={"tau_by_type": {"idle_held": 0.0}})}
+    )
+    h.rec = h.reconciler()
+    prom.idle()
+    await until_warned(h)
+    await h.polls(10)
+    assert h.cluster.scaled == []
+    assert h.escalations == ["nb"]  # once, though the deadline stays passed poll after poll
+    assert [r for n, r in h.cluster.events if r == "ReclaimEscalated"] == ["ReclaimEscalated"]

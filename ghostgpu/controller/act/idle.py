@@ -26,6 +26,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ghostgpu.config import ControllerConfig
+from ghostgpu.controller.inventory import WorkloadRef
 from ghostgpu.controller.judge.idle import Candidate
 from ghostgpu.controller.judge.planner import plan_idle_stop
 from ghostgpu.controller.metrics import ControllerMetrics
@@ -73,6 +74,9 @@ class IdleSessions:
         self.prometheus = prometheus
         self.metrics = metrics
         self.clock = clock
+        # Stops the risk gate handed to a person: escalated once (Event, annotation, webhook), not
+        # again every poll while the deadline stays passed; forgotten when the session is cleared.
+        self.escalated: set[WorkloadRef] = set()
 
     async def tend(self, candidates: Sequence[Candidate]) -> list[tuple[Candidate, Step]]:
         now = self.clock()
@@ -186,6 +190,7 @@ class IdleSessions:
                     wl.raw, reason="IdleSessionSnoozed", message=f"idle session {step.reason}"
                 )
         elif step.action == "clear":
+            self.escalated.discard(ref)
             await self.actor.annotate_workload(wl, c.pods, dict.fromkeys(RECORD_KEYS))
             await self.actor.cluster.event(
                 wl.raw, reason="IdleSessionActive", message=f"idle-session warning cancelled: {step.reason}"
@@ -201,6 +206,9 @@ class IdleSessions:
         elif p.action == "evict":
             outcome = await self.actor.evict(wl, c.pods, c.verdict)
         elif p.action == "escalate" and p.decision is not None:
+            if wl.ref in self.escalated:
+                return
+            self.escalated.add(wl.ref)
             outcome = await self.actor.escalate_plan(wl, c.pods, c.verdict, p)
         else:
             outcome = p.action
@@ -214,6 +222,8 @@ class IdleSessions:
                 f"after {held:g} GPU-hours idle; `ghostgpu restore` brings it back",
                 type_="Warning",
             )
+            # The warning is spent: a restored session starts a new idle clock of its own.
+            await self.actor.annotate_workload(wl, c.pods, dict.fromkeys(RECORD_KEYS))
 
 
 def _by_window(candidates: Sequence[Candidate]) -> dict[float, list[Candidate]]:
