@@ -137,3 +137,29 @@ def test_a_keystroke_into_a_real_tmux_pane_wakes_its_shell() -> None:
     finally:
         subprocess.run([*tmux, "kill-server"], timeout=10, check=False)
         Path(sock).unlink(missing_ok=True)
+
+
+def test_a_node_scan_carries_the_facts_of_a_terminal_container(tmp_path: Path) -> None:
+    """scan_node -> Seen.idle from a proc tree as the kernel writes it: tty_nr, CPU with reaped
+    children, context switches."""
+    from test_agent_procfs import FakeProc
+    from test_agent_scan import IS_GPU, POLICY, cg, cid, key, pod
+
+    from ghostgpu.agent.scan import scan_node
+
+    node = FakeProc(tmp_path / "proc", uptime=10_000.0)
+    node.add(100, ppid=1, nspid=(100, 1), cgroup=cg(1, cid(1)), argv=["sleep", "infinity"], start_s=1000.0)
+    node.add(101, ppid=1, nspid=(101, 7), cgroup=cg(1, cid(1)), comm="bash", argv=["-bash"], start_s=4000.0)
+    # The shell on /dev/pts/0 (tty_nr 34816), 40 ticks of CPU, 12 + 3 context switches.
+    stat = (node.root / "101" / "stat").read_text().split()
+    stat[6], stat[13], stat[14] = "34816", "30", "10"
+    (node.root / "101" / "stat").write_text(" ".join(stat) + "\n")
+    with (node.root / "101" / "status").open("a") as f:
+        f.write("voluntary_ctxt_switches:\t12\nnonvoluntary_ctxt_switches:\t3\n")
+    got = scan_node(
+        [pod("term", 1, {"main": {"gpu": "nvidia.com/gpu", "id": cid(1)}})], node.root, POLICY, IS_GPU, now=0
+    )
+    seen = got.containers[key("term", 1, "main")]
+    assert isinstance(seen, Seen) and seen.idle is not None
+    assert seen.idle.session_class is SessionClass.TERMINAL
+    assert (seen.idle.tty_wakeups, seen.idle.running, seen.idle.newest_start_age_s) == (15, 0, 6000)
