@@ -215,6 +215,8 @@ async def test_a_namespace_annotation_moves_after_within_bounds(tmp_path: Path) 
     warned = await until_warned(h)
     assert prom.windows[0] == 168 * 3600  # the history is read over the namespace's `after`
     assert annotations(h)[IDLE_SINCE] == format_time(warned - 168 * 3600)
+    message = next(m for r, m in h.messages if r == "IdleSessionWarning")  # type: ignore[attr-defined]
+    assert "ghostgpu.io/idle-after=1000h clamped" in message
 
 
 def test_the_namespace_watch_keeps_labels_and_the_idle_after_annotation() -> None:

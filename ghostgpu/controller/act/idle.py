@@ -178,6 +178,8 @@ class IdleSessions:
             assert step.record is not None and step.cls is not None
             await self.actor.annotate_workload(wl, c.pods, record_annotations(step.record))
             message = warning_message(step.cls, list(c.programs) or [cls], gpus, step.record, now=now)
+            if c.policy.note:  # how the Namespace's ghostgpu.io/idle-after moved `after`
+                message += f" ({c.policy.note})"
             await self.actor.cluster.event(
                 wl.raw, reason="IdleSessionWarning", message=message, type_="Warning"
             )
