@@ -73,7 +73,8 @@ class SessionClasses(_Model):
     other: bool = Field(
         False,
         description="Any other program: off by default, since nothing says what it waits for (a "
-        "queue, a lock, a timer of its own).",
+        "queue, a lock, a timer of its own). The node agent reports no class for such programs yet, "
+        "so turning it on changes nothing.",
     )
 
     def allows(self, cls: SessionClass) -> bool:
