@@ -366,6 +366,9 @@ def next_step(
     A stop needs, all at once: the ladder idle over at least after + warnBefore (read fresh, so an
     annotation copied from another object or edited cannot shorten anything), the work ended that
     long ago, a warning given at least warnBefore ago, its deadline and any snooze passed."""
+    if policy.mode == "shadow" and record is not None:
+        # Switched back from enforce: a warning nobody will act on is withdrawn.
+        return Step(action="clear", cls=cls, reason="mode shadow: the warning is withdrawn")
     if policy.mode == "off" or (cls is not None and not policy.classes.allows(cls)):
         why = f"class {cls.value if cls else 'unknown'} not covered (mode {policy.mode})"
         return Step(action="clear" if record else "none", cls=cls, reason=why)

@@ -365,3 +365,10 @@ def test_a_quiet_session_does_reach_its_stop() -> None:
             break
         record = step.record
     assert step.action == "stop"
+
+
+def test_a_warning_is_withdrawn_when_the_team_goes_back_to_shadow_or_off() -> None:
+    r = Record(idle_since=T0 - AFTER, warned_at=T0, deadline=T0 + WARN)
+    for mode in ("shadow", "off"):
+        step = next_step(policy(mode), SessionClass.NOTEBOOK, idle_ladder(AFTER, T0 - AFTER), r, None, now=T0)
+        assert step.action == "clear", mode
