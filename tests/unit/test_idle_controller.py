@@ -245,3 +245,16 @@ async def test_a_stop_the_gate_refuses_is_escalated_once(tmp_path: Path) -> None
     assert h.cluster.scaled == []
     assert h.escalations == ["nb"]  # once, though the deadline stays passed poll after poll
     assert [r for n, r in h.cluster.events if r == "ReclaimEscalated"] == ["ReclaimEscalated"]
+
+
+async def test_turning_the_policy_off_withdraws_the_warnings(tmp_path: Path) -> None:
+    h, prom = harness(tmp_path)
+    prom.idle()
+    await until_warned(h)
+    off = h.cfg.idle_sessions.model_copy(update={"mode": "off"})
+    h.rec.judge.cfg = h.rec.actor.idle.cfg = h.cfg.model_copy(update={"idle_sessions": off})  # type: ignore[union-attr]
+    await h.polls(1)
+    assert IDLE_DEADLINE not in annotations(h)
+    assert reasons(h)[-1] == "IdleSessionActive"
+    await h.polls(10)
+    assert h.cluster.scaled == []

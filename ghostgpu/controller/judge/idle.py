@@ -45,8 +45,11 @@ def candidates(
     idle = cfg.idle_sessions
     namespaces = namespaces or {}
     modes = {idle.mode} | {t.mode for t in idle.teams.values() if t.mode is not None}
-    if modes == {"off"}:
-        return []  # the policy applies nowhere: no workload is looked at (the fleet's common case)
+    if modes == {"off"} and not before:
+        # The policy applies nowhere: no workload is looked at (the fleet's common case). Switched
+        # off while this process ran, last poll's candidates are looked at once more, to withdraw
+        # their warnings.
+        return []
     out: list[Candidate] = []
     for j in judged.values():
         wl = j.workload
