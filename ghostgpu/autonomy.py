@@ -333,9 +333,11 @@ class AutonomyConfig(_Model):
         "incident set with a 2 % ceiling.",
     )
     tau_by_type: dict[str, NonNegFloat] = Field(
-        default_factory=dict,
+        default_factory=lambda: {"idle_held": 0.25},
         description="A threshold per verdict kind (FINISHED_IDLE, ...) or incident type, which "
-        "takes the place of tau for that type; keys are normalised (node_pressure).",
+        "takes the place of tau for that type; keys are normalised (node_pressure). The default "
+        "holds idle_held, the stop of an idle session (controller.idleSessions): 0.25, what "
+        "`ghostgpu calibrate` yields on its idle-session set; a table given here replaces it.",
     )
     weights: RiskWeights = Field(
         default_factory=RiskWeights,

@@ -45,6 +45,7 @@ from ghostgpu.config_errors import (
     issues_from_validation,
     parse_yaml,
 )
+from ghostgpu.idle_policy import IdleSessionsConfig
 from ghostgpu.image_ref import validate_image_ref
 from ghostgpu.promql import label_matchers
 from ghostgpu.quantity import Duration, Quantity
@@ -1300,6 +1301,12 @@ class ControllerConfig(Model):
         description="the volume of the leader's decision log, `ghostgpu report`'s history "
         "(docs/controller.md)",
     )
+    idle_sessions: IdleSessionsConfig = Field(
+        default_factory=IdleSessionsConfig,
+        description="Idle sessions: reclaim IDLE_HELD workloads (an idle kernel, a forgotten tmux) on "
+        "a policy, warned first and only when every signal agrees (docs/idle-sessions.md); off by "
+        "default",
+    )
     reservation_queue: Name = Field(
         "default",
         description="the LocalQueue, in each opted-in namespace, whose ClusterQueue is the team's: "
@@ -1560,6 +1567,14 @@ def _semantic_issues(cfg: GhostgpuConfig) -> Iterator[ConfigIssue]:
         if ns.team not in teams:
             yield ConfigIssue(
                 f"namespaces[{i}].team", f"undefined team {ns.team!r}; defined teams: {_list(teams)}"
+            )
+    for where, message in cfg.controller.idle_sessions.bound_issues():
+        yield ConfigIssue(f"controller.idleSessions.{where}", message)
+    for team_name in cfg.controller.idle_sessions.teams:
+        if team_name not in teams:
+            yield ConfigIssue(
+                f"controller.idleSessions.teams.{team_name}",
+                f"undefined team {team_name!r}; defined teams: {_list(teams)}",
             )
 
 

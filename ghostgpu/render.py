@@ -731,6 +731,23 @@ def _controller_context(cfg: c.GhostgpuConfig) -> dict[str, Any]:
             "description": "No ghostgpu-controller target is up: idle GPUs go undetected.",
         },
     }
+    # Idle sessions (docs/idle-sessions.md): one alert per warned session, with its team, so that
+    # Alertmanager routes it to the team's receiver (a route matching team="<name>").
+    session_rule = {
+        "alert": "GhostGpuIdleSessionWarned",
+        "expr": "max by (namespace, workload, class, team) "
+        '(ghostgpu_idle_session_deadline_seconds{state="warned"}) > 0',
+        "labels": {"severity": a.severity},
+        "annotations": {
+            "summary": "idle {{ $labels.class }} session {{ $labels.namespace }}/{{ $labels.workload }} "
+            "is stopped at its deadline unless it is used",
+            "description": (
+                "Every signal (GPU, GPU memory, CPU, processes, terminals) has been idle for "
+                "controller.idleSessions.after; it is stopped at {{ $value | humanizeTimestamp }} unless "
+                "anything moves or the owner sets ghostgpu.io/keep-until (see the Warning Event)."
+            ),
+        },
+    }
     return {
         "ns": ctrl.namespace,
         "sa": ctrl.service_account,
@@ -758,7 +775,9 @@ def _controller_context(cfg: c.GhostgpuConfig) -> dict[str, Any]:
         "service_monitor_interval": str(ctrl.service_monitor.interval),
         "service_monitor_labels": {**labels, **ctrl.service_monitor.labels},
         "rule_labels": {**labels, **a.rule_labels},
-        "rule_groups": to_yaml([{"name": "ghostgpu.idle-gpu", "rules": [idle_rule, down_rule]}]),
+        "rule_groups": to_yaml(
+            [{"name": "ghostgpu.idle-gpu", "rules": [idle_rule, down_rule, session_rule]}]
+        ),
         "dashboard_labels": {**labels, **ctrl.grafana_dashboard.labels},
         "dashboard_key": GRAFANA_DASHBOARD_KEY,
         "dashboard_json": json.dumps(grafana_dashboard(), indent=2, ensure_ascii=False),

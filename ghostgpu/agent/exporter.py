@@ -25,6 +25,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from ghostgpu import __version__
+from ghostgpu.agent.idle_facts import IdleFactsCollector
 from ghostgpu.agent.scan import ScanResult, Seen, Unseen
 from ghostgpu.verdict import ProcessRole
 
@@ -103,6 +104,7 @@ class AgentExporter:
         self.registry = registry or CollectorRegistry()
         self._last = _LastScan(node)
         self.registry.register(self._last)
+        self.registry.register(IdleFactsCollector(lambda: self._last.result))  # agent/idle_facts.py
         self.scan_duration = Histogram(
             "ghostgpu_agent_scan_duration_seconds",
             "Wall time of one scan of the node's proc root.",

@@ -85,6 +85,10 @@ class HostProcess:
     stat: str  # ps STAT
     elapsed_s: int
     args: str  # ps args, already cut
+    # For the idle-session facts (ghostgpu/agent/idle_facts.py), from the same two files (0444):
+    tty: bool = False  # it has a controlling terminal (stat tty_nr)
+    cpu_ticks: int = 0  # user + system CPU, with its reaped children's (stat utime..cstime)
+    wakeups: int = 0  # voluntary + nonvoluntary context switches (status)
 
     def pid_at(self, depth: int) -> int:
         return self.nspid[depth - 1]
@@ -174,12 +178,14 @@ def read_process(dir_fd: int, pid: int, container: ContainerRef, uptime: float) 
         return None
     comm, fields = _split_stat(stat)
     nspid: tuple[int, ...] = ()
-    vm_locked = 0
+    vm_locked = wakeups = 0
     for line in _lines(status):
         if line.startswith("NSpid:"):
             nspid = tuple(int(x) for x in line.split()[1:])
         elif line.startswith("VmLck:"):
             vm_locked = int(line.split()[1])
+        elif line.startswith(("voluntary_ctxt_switches:", "nonvoluntary_ctxt_switches:")):
+            wakeups += int(line.split()[1])
     if not nspid:
         nspid = (pid,)  # a kernel before 4.1: no NSpid (then no nested pid namespace is visible)
     started_s = int(fields[19]) / _CLK_TCK
@@ -191,6 +197,9 @@ def read_process(dir_fd: int, pid: int, container: ContainerRef, uptime: float) 
         stat=stat_column(fields, pid, vm_locked),
         elapsed_s=max(0, int(uptime - started_s)),
         args=_args(cmdline, comm, fields[0]),
+        tty=int(fields[4]) != 0,
+        cpu_ticks=sum(int(x) for x in fields[11:15]),
+        wakeups=wakeups,
     )
 
 

@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from ghostgpu.agent import procfs
+from ghostgpu.agent.idle_facts import IdleFacts, idle_facts
 from ghostgpu.verdict import ProcessCounts, ProcessInfo, ProcessPolicy, count_roles
 
 
@@ -66,6 +67,8 @@ class Target:
 class Seen:
     counts: ProcessCounts
     rows: tuple[ProcessInfo, ...]
+    # For a container an idle session may live in (agent/idle_facts.py); None for the others.
+    idle: IdleFacts | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -197,7 +200,8 @@ def scan_node(
                 return Unseen(failed_pod[pod_uid].value)
             group = by_pod[pod_uid]
         rows = procfs.rows(group, f"{t.key.pod}/{t.key.container}")
-        return Seen(count_roles(rows, policy), rows)
+        counts = count_roles(rows, policy)
+        return Seen(counts, rows, idle_facts(group))
 
     out = {t.key: outcome(t) for t in targets}
     return ScanResult(now, out, found.scanned)

@@ -13,6 +13,7 @@ from rich.console import Console
 from rich.table import Table
 
 from ghostgpu.autonomy import AutonomyConfig, CalibrationResult, CalibrationSettings, Threshold, calibrate
+from ghostgpu.calibration.idle_incidents import IDLE_RUBRIC, idle_session_incidents
 from ghostgpu.calibration.incidents import RUBRIC, Incident, builtin_incidents, load_incidents, scored
 
 # The publication's figures on its own 176 events (22 manifests x 8 action classes).
@@ -37,6 +38,9 @@ class CalibrationRun(BaseModel):
     dangerous: int
     by_action: dict[str, tuple[int, int]]  # action -> (events, dangerous)
     result: CalibrationResult
+    # The built-in set's idle-session stops (incident type idle_held), calibrated apart from the
+    # published set; None for an incident file (its own idle_held rows are one of its types).
+    idle_held: Threshold | None = None
     snippet: str
 
 
@@ -51,6 +55,11 @@ def run(
     else:
         incidents, source, rubric = load_incidents(incidents_path, autonomy), str(incidents_path), None
     result = calibrate(scored(incidents, autonomy), settings)
+    idle = None
+    if incidents_path is None:
+        idle = calibrate(scored(idle_session_incidents(), autonomy), settings).global_threshold
+        idle = idle.model_copy(update={"scope": "idle_held"})
+        rubric = f"{rubric}\n\n{IDLE_RUBRIC}"
     return CalibrationRun(
         source=source,
         rubric=rubric,
@@ -58,7 +67,8 @@ def run(
         dangerous=sum(i.dangerous for i in incidents),
         by_action=_by_action(incidents),
         result=result,
-        snippet=config_snippet(result),
+        idle_held=idle,
+        snippet=config_snippet(result, idle),
     )
 
 
@@ -68,12 +78,15 @@ def _by_action(incidents: list[Incident]) -> dict[str, tuple[int, int]]:
     return {a: (total[a], dangerous[a]) for a in sorted(total)}
 
 
-def config_snippet(result: CalibrationResult) -> str:
+def config_snippet(result: CalibrationResult, idle: Threshold | None = None) -> str:
     """The controller.autonomy lines to paste into ghostgpu.yaml."""
     s = result.settings
     body: dict[str, Any] = {"tau": result.global_threshold.tau}
-    if result.per_type:
-        body["tauByType"] = {t.scope: t.tau for t in result.per_type}
+    by_type = {t.scope: t.tau for t in result.per_type}
+    if idle is not None:
+        by_type["idle_held"] = idle.tau
+    if by_type:
+        body["tauByType"] = by_type
     body["calibration"] = {
         "ceiling": s.ceiling,
         "perTypeCeiling": s.per_type_ceiling,
@@ -82,7 +95,8 @@ def config_snippet(result: CalibrationResult) -> str:
     }
     head = (
         "# ghostgpu.yaml (from `ghostgpu calibrate`). tauByType keys are looked up by the verdict kind\n"
-        "# (FINISHED_IDLE, ZOMBIE_CRASHED) or incident type; anything else falls back to tau.\n"
+        "# (FINISHED_IDLE, ZOMBIE_CRASHED, IDLE_HELD: an idle session's stop) or incident type;\n"
+        "# anything else falls back to tau.\n"
     )
     return head + yaml.safe_dump({"controller": {"autonomy": body}}, sort_keys=False)
 
@@ -131,10 +145,18 @@ def print_text(run_: CalibrationRun, console: Console) -> None:
     for t in r.per_type:
         table.add_row(*_row(t, PUBLISHED_TAU.get(t.scope)))
     table.add_row(*_row(r.per_type_overall, None), end_section=True)
+    if run_.idle_held is not None:
+        table.add_row(*_row(run_.idle_held, None), end_section=True)
     table.add_row(
         "mean of types", "", _pct(r.per_type_mean_mttr_reduction), "", "", "", _pct(PUBLISHED_PER_TYPE_MEAN)
     )
     console.print(table)
+    if run_.idle_held is not None:
+        console.print(
+            f"idle_held: the idle-session stops ({run_.idle_held.events} events, "
+            f"{run_.idle_held.dangerous} dangerous), calibrated apart from the set above.",
+            highlight=False,
+        )
     console.print(
         "tau = the lowest grid value reaching the best MTTR reduction under the ceiling (ties -> most "
         "conservative). "

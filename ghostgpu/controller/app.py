@@ -143,9 +143,7 @@ class Informers:
         gpu_classes: Sequence[str] = (),
     ) -> None:
         tracked = f"{keys.TRACKED_LABEL}=true"
-        self.namespaces = Reflector(
-            api, NAMESPACES, transform=lambda o: dict((o.get("metadata") or {}).get("labels") or {})
-        )
+        self.namespaces = Reflector(api, NAMESPACES, transform=keys.namespace_view)
         # Every pod, once: its view, plus the workload for tracked bare pods (inventory.CachedPod).
         self.pods = Reflector(api, PODS, transform=lambda o: cached_pod(o, is_gpu))
         self.nodes = Reflector(api, NODES, transform=_slim_node)

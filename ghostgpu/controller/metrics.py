@@ -39,6 +39,21 @@ class ControllerMetrics:
             ["namespace", "verdict"],
             registry=r,
         )
+        self.idle_sessions = Gauge(
+            "ghostgpu_idle_session_deadline_seconds",
+            "Idle sessions warned (state warned: the unix time of the stop) or, in shadow mode, that "
+            "would be (would-warn, would-stop: the time it was judged), by namespace, workload, "
+            "class and team (controller.idleSessions).",
+            ["namespace", "workload", "class", "team", "state"],
+            registry=r,
+        )
+        self.idle_session_gpu_hours = Counter(
+            "ghostgpu_idle_session_gpu_hours_total",
+            "GPU-hours idle sessions held before they were stopped at their deadline, by namespace "
+            "and class.",
+            ["namespace", "class"],
+            registry=r,
+        )
         self.escalations = Counter(
             "ghostgpu_escalations_total",
             "Actions handed to a person by the risk gate.",

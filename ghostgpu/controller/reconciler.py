@@ -27,6 +27,7 @@ from ghostgpu.autonomy import AutonomyConfig
 from ghostgpu.config import ControllerConfig
 from ghostgpu.controller.act.actor import Actor
 from ghostgpu.controller.act.gitops import GitOpsPreflight
+from ghostgpu.controller.act.idle import IdleSessions
 from ghostgpu.controller.act.stopping import Stopper
 from ghostgpu.controller.books.books import Books, accounting_from, outside_kueue_buckets, untracked_of
 from ghostgpu.controller.books.decisions import DecisionLog
@@ -86,6 +87,13 @@ class Reconciler:
             window=cfg.window, cluster=cluster, metrics=metrics, stops=stops, is_leader=leading,
             clock=clock, settle=self.observer.stopped, escalate=escalate,
         )  # fmt: skip
+        self.actor.idle = IdleSessions(
+            cfg,
+            actor=self.actor,
+            prometheus=getattr(utilization, "client", None),
+            metrics=metrics,
+            clock=clock,
+        )
         self.books = Books(
             cfg, cluster=cluster, metrics=metrics, decision_log=decision_log, actuators=self.actuators,
             records=self.records, nudge_nodes=cfg.kueue_nudge if nudge_nodes is None else nudge_nodes,

@@ -20,6 +20,7 @@ RATE_WINDOW = "5m"
 
 REVERTS_METRIC = "ghostgpu_reclaim_reverts_total"
 OWNER_KIND_METRIC = "ghostgpu_owner_kind_outside_kueue_gpus"
+IDLE_METRIC = "ghostgpu_idle_session_deadline_seconds"
 
 
 class Query(BaseModel):
@@ -153,6 +154,31 @@ PANELS: tuple[Panel, ...] = (
             Query(
                 expr=f"max by (source, reason) ({events('ghostgpu_signal_failures_total')})",
                 legend="{{source}}: {{reason}}",
+            ),
+        ),
+    ),
+    Panel(
+        title="Idle sessions warned",
+        description=(
+            "Idle sessions under controller.idleSessions (docs/idle-sessions.md): for each warned one, the "
+            "time left until its stop (a keep-until on the owner moves it; any activity removes the "
+            "row); in shadow mode, the sessions that would be warned or stopped (their value: 0)."
+        ),
+        unit="s",
+        axis_label="seconds until the stop",
+        display="bargauge",
+        full_width=True,
+        queries=(
+            Query(
+                expr=f'max by (namespace, workload, class, team) ({IDLE_METRIC}{{state="warned"}}) - time()',
+                legend="{{namespace}}/{{workload}} ({{class}}, {{team}})",
+                empty_ok="no idle session is warned (controller.idleSessions is off, or no session is idle)",
+            ),
+            Query(
+                expr="count by (namespace, workload, class, team, state) "
+                f'({IDLE_METRIC}{{state=~"would-.*"}}) * 0',
+                legend="{{namespace}}/{{workload}} ({{class}}, {{team}}): {{state}}",
+                empty_ok="shadow mode has no idle session to report",
             ),
         ),
     ),

@@ -23,6 +23,14 @@ WHAT_TO_DO = {
         "its owner; UNKNOWN's reasons name the signal that failed or is stale. The alert reads "
         "utilization and memory only; its thresholds are `controller.alerts`."
     ),
+    "GhostGpuIdleSessionWarned": (
+        "An idle session of the alert's team (its class and workload in the labels) is warned under "
+        "controller.idleSessions and is stopped at the time in the alert's value. Its owner keeps it "
+        "by using it (any GPU, CPU, process or terminal activity cancels the warning) or by "
+        "annotating the owner `ghostgpu.io/keep-until: <RFC 3339 time>` (honoured up to maxSnooze); "
+        "`kubectl describe` shows the Warning Event with what keeps it alive and the GPU-hours held. "
+        "After the stop, `ghostgpu restore` brings it back (docs/idle-sessions.md)."
+    ),
     "GhostGpuControllerDown": (
         "No replica is scraped, so no workload is judged and the accounting series stop. Check the "
         "controller Deployment's pods (`kubectl -n <controller.namespace> get pods`, their logs, "

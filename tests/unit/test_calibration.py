@@ -136,6 +136,19 @@ def test_default_tau_is_what_calibration_yields_on_the_builtin_set() -> None:
     assert AutonomyConfig().tau == r.global_threshold.tau
 
 
+def test_default_idle_held_tau_is_what_calibration_yields_on_the_idle_session_set() -> None:
+    from ghostgpu.calibration.idle_incidents import idle_session_incidents
+
+    incidents = idle_session_incidents()
+    r = calibrate(scored(incidents), CalibrationSettings())
+    assert AutonomyConfig().tau_by_type["idle_held"] == r.global_threshold.tau
+    # Every eviction of a bare Pod (nothing recreates it) stays with a person at that threshold.
+    gate = AutonomyConfig()
+    for incident, event in zip(incidents, scored(incidents), strict=True):
+        if incident.dangerous:
+            assert event.score >= gate.threshold("IDLE_HELD")[0], incident.manifest
+
+
 def test_yaml_incident_file_with_manifest_paths(tmp_path: Path) -> None:
     (tmp_path / "objs.yaml").write_text(DEPLOYMENT)
     (tmp_path / "incidents.yaml").write_text(

@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 from ghostgpu.cli import app
 from ghostgpu.config import load_config_text, load_default_config
 from ghostgpu.controller.metrics import ControllerMetrics
-from ghostgpu.dashboard.panels import OWNER_KIND_METRIC, PANELS, REVERTS_METRIC, all_queries
+from ghostgpu.dashboard.panels import IDLE_METRIC, OWNER_KIND_METRIC, PANELS, REVERTS_METRIC, all_queries
 from ghostgpu.dashboard.preview import PanelResult, Preview, QueryResult, Series, bars, draw, legend
 from ghostgpu.render import GRAFANA_DASHBOARD_KEY, render_bundles
 
@@ -72,9 +72,13 @@ def test_queries_use_the_controllers_metric_names() -> None:
         for name in names - {REVERTS_METRIC}:
             # prometheus_client names counters without _total and histograms without _bucket
             assert re.sub(r"_(total|bucket)$", "", name) in exported, name
-    # Exactly one query may come back empty, and it says why.
-    [(_, reverts)] = [(p, q) for p, q in all_queries() if q.empty_ok]
-    assert REVERTS_METRIC in reverts.expr and REVERTS_METRIC in (reverts.empty_ok or "")
+    # Only the reverts and the idle sessions may come back empty, and each says why.
+    empty = [q for _, q in all_queries() if q.empty_ok]
+    [reverts] = [q for q in empty if REVERTS_METRIC in q.expr]
+    assert REVERTS_METRIC in (reverts.empty_ok or "")
+    assert all(
+        IDLE_METRIC in q.expr and "idle session" in (q.empty_ok or "") for q in empty if q is not reverts
+    )
 
 
 def test_owner_kinds_are_a_bar_gauge_of_the_leaders_gauge_beside_the_outside_kueue_panels() -> None:
@@ -94,9 +98,10 @@ def test_owner_kinds_are_a_bar_gauge_of_the_leaders_gauge_beside_the_outside_kue
     assert family.type == "gauge" and OWNER_KIND_METRIC in target["expr"]
     [by] = re.findall(r"by \(([^)]*)\)", target["expr"])
     assert [x.strip() for x in by.split(",")] == list(metrics.owner_kind_outside._labelnames)
-    # Every other panel stays a time series over the range.
-    assert {p["type"] for p in dash["panels"] if p is not panel} == {"timeseries"}
-    assert not any("instant" in t for p in dash["panels"] if p is not panel for t in p["targets"])
+    # Every other panel stays a time series over the range, the idle sessions' bars aside.
+    others = [p for p in dash["panels"] if p is not panel and p["title"] != "Idle sessions warned"]
+    assert {p["type"] for p in others} == {"timeseries"}
+    assert not any("instant" in t for p in others for t in p["targets"])
 
 
 def test_rendering_is_deterministic() -> None:

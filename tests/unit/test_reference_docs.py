@@ -112,7 +112,7 @@ def test_every_controller_and_agent_metric_is_on_the_page() -> None:
 
 def test_every_rendered_alert_says_what_to_do(monkeypatch: pytest.MonkeyPatch) -> None:
     names = {r["alert"] for r in metrics.alerts()}
-    assert names == {"GhostGpuIdleWorkload", "GhostGpuControllerDown"}
+    assert names == {"GhostGpuIdleWorkload", "GhostGpuControllerDown", "GhostGpuIdleSessionWarned"}
     page = (REFERENCE / "metrics.md").read_text()
     assert all(f"### {n}" in page for n in names)
     monkeypatch.setattr(metrics, "WHAT_TO_DO", {"GhostGpuIdleWorkload": "x"})

@@ -15,12 +15,15 @@ import asyncio
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ghostgpu.actuators import describe_stop
 from ghostgpu.controller import budget, keys
 from ghostgpu.controller.act import stops
 from ghostgpu.controller.act.stopping import Stopper
+
+if TYPE_CHECKING:
+    from ghostgpu.controller.act.idle import IdleSessions
 from ghostgpu.controller.inventory import PodView, Workload, WorkloadRef
 from ghostgpu.controller.judge.judge import Apply, Rulings
 from ghostgpu.controller.judge.planner import Plan
@@ -58,6 +61,7 @@ class Actor:
         self.clock = clock
         self.settle = settle  # the observe room's settle skip (Observer.stopped)
         self.escalate = escalate
+        self.idle: IdleSessions | None = None  # act/idle.py, set by the reconciler
         # Inside a long poll (the first verdicts of 10,000 workloads: 30,000 requests, a minute or
         # more on a slow apiserver) this moves with every workload applied, so /healthz can tell slow
         # from stuck and the liveness probe does not restart a controller that is making progress.
@@ -78,6 +82,17 @@ class Actor:
             # reasons-only updates of an ACTIVE verdict (budget.Priority).
             records = sorted(rulings.records, key=lambda r: _record_priority(r[3], r[5]))
             await self._apply_records(result, records)
+        if self.idle is not None:  # with no candidate, too: its gauge then says none
+            steps = {
+                c.workload.ref: f"idle-{step.action}"
+                for c, step in await self.idle.tend(rulings.idle)
+                if step.action != "none"
+            }
+            result.actions.extend(
+                (ref, a) for ref, a in steps.items() if a not in ("idle-hold", "idle-warned")
+            )
+            if steps:  # the decision log records each idle session's step as the row's action
+                rulings.rows[:] = [(r[0], r[1], r[2], r[3], steps.get(r[0], r[4])) for r in rulings.rows]
 
     async def _apply_one(self, result: PollResult, *args: Any) -> None:
         wl = args[0]
@@ -180,7 +195,19 @@ class Actor:
         a = self.stops.actuator(wl)
         return f"stop ({describe_stop(a)})" if a is not None and a.stop != "scale" else "scale to 0"
 
-    async def _annotate(self, wl: Workload, pods: Sequence[PodView], annotations: Mapping[str, str]) -> None:
+    async def annotate_workload(
+        self, wl: Workload, pods: Sequence[PodView], annotations: Mapping[str, str | None]
+    ) -> None:
+        """The idle-session writes (act/idle.py): where the verdict's annotations go."""
+        await self._annotate(wl, pods, annotations)
+
+    async def escalate_plan(self, wl: Workload, pods: Sequence[PodView], verdict: Verdict, p: Plan) -> str:
+        """An idle-session stop the risk gate refused: escalated like every other."""
+        return await self._escalate(wl, pods, verdict, p)
+
+    async def _annotate(
+        self, wl: Workload, pods: Sequence[PodView], annotations: Mapping[str, str | None]
+    ) -> None:
         if wl.no_actuator:
             return  # a controller owner ghostgpu has no rights on: nothing is written to it or its children
         try:

@@ -17,6 +17,7 @@ from ghostgpu.autonomy import AutonomyConfig
 from ghostgpu.config import ControllerConfig
 from ghostgpu.controller import keys
 from ghostgpu.controller.inventory import PodView, Workload, WorkloadRef, dra_gpus_of
+from ghostgpu.controller.judge import idle as idle_sessions
 from ghostgpu.controller.judge import planner
 from ghostgpu.controller.judge.planner import Plan
 from ghostgpu.controller.judge.recorded import reasons_changed, recorded, verdict_of
@@ -55,6 +56,7 @@ class Rulings:
     rows: list[Row] = field(default_factory=list)  # every judged workload, for the decision log
     actions: list[Apply] = field(default_factory=list)  # leader: reclaims and escalations, in order
     records: list[Apply] = field(default_factory=list)  # leader: verdict writes, nothing stopped
+    idle: list[idle_sessions.Candidate] = field(default_factory=list)  # judge/idle.py
 
 
 class Judge:
@@ -63,6 +65,7 @@ class Judge:
         self.policy = policy_from_config(cfg)
         self.autonomy = autonomy
         self.settled: dict[WorkloadRef, SettledPlan] = {}
+        self.idle_before: set[WorkloadRef] | None = None  # last poll's idle-session candidates
 
     def judge(self, obs: Observation, snap: Snapshot, result: PollResult, *, leader: bool) -> Rulings:
         out = Rulings()
@@ -147,4 +150,6 @@ class Judge:
             (out.records if p.action in NO_ACTION else out.actions).append(
                 (wl, pods, st, verdict, evidence, p)
             )
+        out.idle = idle_sessions.candidates(self.cfg, result.judged, teams, self.idle_before, snap.namespaces)
+        self.idle_before = {c.workload.ref for c in out.idle}
         return out

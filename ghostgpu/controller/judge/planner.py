@@ -141,9 +141,45 @@ def plan(
         return Plan(record, "would-reclaim", note="shadow mode: nothing touched")
     if not cfg.actions.reclaim.allows(verdict.kind.value):
         return Plan(record, "disabled", note=f"actions.reclaim.{verdict.kind.value} is false")
+    return _gated(workload, verdict.kind, record, cfg, team, autonomy or cfg.autonomy, dra_gpus)
+
+
+def plan_idle_stop(
+    workload: Workload,
+    cfg: ControllerConfig,
+    *,
+    team: str | None = None,
+    autonomy: AutonomyConfig | None = None,
+    dra_gpus: float = 0.0,
+) -> Plan:
+    """The stop of an idle session whose deadline passed on fresh evidence (`idle_sessions.next_step`
+    said stop): the same gate and actuator path as every reclaim, typed IDLE_HELD, so its threshold
+    is `autonomy.tauByType.idle_held` (`ghostgpu calibrate` prints it) and a score at or above it
+    is escalated. The idle-session policy is the opt-in: only through it may IDLE_HELD act."""
+    if workload.exempt:
+        return Plan(False, "none", note="exempt")
+    if cfg.mode == "shadow":
+        return Plan(False, "would-reclaim", note="shadow mode: nothing touched")
+    gate = autonomy or cfg.autonomy
+    kind = VerdictKind.IDLE_HELD.value
+    if kind not in gate.autonomous_verdicts:
+        gate = gate.model_copy(update={"autonomous_verdicts": [*gate.autonomous_verdicts, kind]})
+    return _gated(workload, VerdictKind.IDLE_HELD, False, cfg, team, gate, dra_gpus)
+
+
+def _gated(
+    workload: Workload,
+    kind: VerdictKind,
+    record: bool,
+    cfg: ControllerConfig,
+    team: str | None,
+    autonomy: AutonomyConfig,
+    dra_gpus: float,
+) -> Plan:
+    """Score the stop of `workload` and obey the gate: stop, or escalate to a person."""
     cls = action_class(workload)
-    name, gate, _ = gate_for(workload, autonomy or cfg.autonomy, table_from(cfg.actuators))
-    decision = decide_action(verdict.kind.value, name, facts_for(workload, team, dra_gpus), gate)
+    name, gate, _ = gate_for(workload, autonomy, table_from(cfg.actuators))
+    decision = decide_action(kind.value, name, facts_for(workload, team, dra_gpus), gate)
     if workload.no_actuator:
         # A controller owner ghostgpu cannot stop: writing its child would be undone by it.
         why = (
