@@ -657,7 +657,7 @@ def code_commit() -> str:
         ["git", "rev-parse", "--short=12", "HEAD"], cwd=REPO, capture_output=True, text=True
     )
     diff = subprocess.run(
-        ["git", "status", "--porcelain", "--untracked-files=no", "--", "ghostgpu", "tests"],
+        ["git", "status", "--porcelain", "--untracked-files=no", "--", "ghostgpu", "tests/e2e"],
         cwd=REPO,
         capture_output=True,
         text=True,
