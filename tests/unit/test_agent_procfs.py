@@ -409,7 +409,6 @@ def test_a_pid_reused_mid_read_never_mixes_two_processes(
     assert [(p.container.container_id, p.args, p.nspid) for p in got.processes.values()] == listed
 
 
-
 def test_a_real_process_read_through_its_open_directory_cannot_be_another_once_it_exits() -> None:
     """The real kernel's side of the test above: once the process behind an open /proc/<pid>
     directory has exited and been reaped (its pid free for the next process), every read through
@@ -430,6 +429,7 @@ def test_a_real_process_read_through_its_open_directory_cannot_be_another_once_i
         if child.poll() is None:
             child.kill()
             child.wait()
+
 
 AGENT_UID = 65533  # the DaemonSet's runAsUser/runAsGroup (templates/controller/agent.yaml.j2)
 
