@@ -156,6 +156,19 @@ class DevCluster:
         tmp.write_text(json.dumps([{"targets": [f"127.0.0.1:{port}"], "labels": labels}]))
         tmp.rename(pods / f"{name}.json")
 
+    def stop_node_daemon(self, program: str) -> realnode.DaemonLaunch:
+        """Stop the real node's kubelet or containerd (a real fault for tests); `start_node_daemon`
+        starts it again as it ran. Raises RuntimeError without a real node."""
+        if self.state.real_node is None:
+            raise RuntimeError("this devcluster runs no real node")
+        return realnode.stop_daemon(self.state_dir, program)
+
+    def start_node_daemon(self, launch: realnode.DaemonLaunch) -> None:
+        """Start what `stop_node_daemon` stopped, and record it (`attach` and `status` find it running)."""
+        rec = realnode.start_daemon(self.state_dir, launch)
+        self.state.processes = [rec if p.name == rec.name else p for p in self.state.processes]
+        (self.state_dir / "state.json").write_text(self.state.model_dump_json(indent=2))
+
     def restart_kueue(
         self,
         overrides: Mapping[str, Any] | None = None,

@@ -583,7 +583,7 @@ def stop_daemon(state_dir: Path, program: str) -> DaemonLaunch:
     return DaemonLaunch(program=program, argv=argv, env=env)
 
 
-def start_daemon(state_dir: Path, launch: DaemonLaunch) -> int:
+def start_daemon(state_dir: Path, launch: DaemonLaunch) -> procs.ProcessRecord:
     """Start a daemon `stop_daemon` stopped, with the command line and environment it ran with
-    (`cleanup` finds it by its config flag, as the first one). Returns its pid."""
-    return procs.start(launch.program, launch.argv, state_dir / "logs", env=launch.env).pid
+    (`cleanup` finds it by its config flag, as the first one)."""
+    return procs.start(launch.program, launch.argv, state_dir / "logs", env=launch.env)

@@ -178,10 +178,9 @@ def held_while(node: Node, name: str, since: float, until: float) -> list[dict[s
 def outage(node: Node, daemon: str, workload: str, *, until_not_ready: bool = False) -> None:
     """`workload` goes idle as `daemon` stops; while it is down the controller must hold it (UNKNOWN:
     processes-failed) and the live one too; once back, the finished one is reclaimed."""
-    state = Path(node.cluster.state.state_dir)
     node.gpu(workload, 0.0)
     t0 = time.time()
-    launch = realnode.stop_daemon(state, daemon)
+    launch = node.cluster.stop_node_daemon(daemon)
     try:
         # Enough polls for the window to fill with zeros and the processes to be asked for.
         wait_for(lambda: node.verdict(workload) == "UNKNOWN", 60, f"{workload} UNKNOWN with {daemon} down")
@@ -194,9 +193,10 @@ def outage(node: Node, daemon: str, workload: str, *, until_not_ready: bool = Fa
         node.check_live_kept()
         assert node.replicas(workload) == 1, f"{workload} reclaimed while {daemon} was down"
     finally:
-        realnode.start_daemon(state, launch)
+        node.cluster.start_node_daemon(launch)
     t_back = time.time()
     wait_for(lambda: node.node_ready() == "True", 90, "the node Ready again")
+    assert all(node.cluster.state.running().values()), "the restarted daemon is not recorded"
     held = held_while(node, workload, t0, t_back)
     assert held and all(d["verdict"] == "UNKNOWN" for d in held), held
     assert any("processes-failed" in d["reasons"] for d in held), held

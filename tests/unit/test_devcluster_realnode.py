@@ -134,7 +134,7 @@ def test_a_node_daemon_restarts_as_it_ran_and_only_this_state_dirs(
         first.wait(10)
         assert launch.argv == argv and launch.env.get("MARK") == "kept"
         assert realnode.daemon_pid(tmp_path, "containerd") is None
-        again = realnode.start_daemon(tmp_path, launch)
+        again = realnode.start_daemon(tmp_path, launch).pid
         assert realnode.daemon_pid(tmp_path, "containerd") == again != pid
         assert "MARK=kept" in Path(f"/proc/{again}/environ").read_bytes().decode(errors="replace")
     finally:
