@@ -123,16 +123,19 @@ class DevCluster:
     def dcgm(self) -> FakeDcgmClient:
         return FakeDcgmClient(self.state.dcgm_url)
 
-    def scrape(self, name: str, port: int) -> None:
-        """Let Prometheus scrape 127.0.0.1:port/metrics (job ghostgpu-controller, label target=name)
-        until unscrape(name). Prometheus picks the file up within about a second."""
+    def scrape(
+        self, name: str, port: int, *, labels: Mapping[str, str] | None = None, path: str = "/metrics"
+    ) -> None:
+        """Let Prometheus scrape 127.0.0.1:port<path> (job ghostgpu-controller, label target=name and
+        `labels`) until unscrape(name). Prometheus picks the file up within about a second."""
         if "prometheus" not in self.state.addons:
             raise RuntimeError("this devcluster runs without Prometheus")
         targets = self.state_dir / SCRAPE_TARGETS_DIR
         if not targets.is_dir():
             raise RuntimeError(f"{targets}: missing; this devcluster predates scrape targets, restart it")
         tmp = targets / f".{name}.json.tmp"  # written aside, then renamed: never a half file
-        tmp.write_text(json.dumps([{"targets": [f"127.0.0.1:{port}"], "labels": {"target": name}}]))
+        target = {"target": name, **(labels or {}), "__metrics_path__": path}
+        tmp.write_text(json.dumps([{"targets": [f"127.0.0.1:{port}"], "labels": target}]))
         tmp.rename(targets / f"{name}.json")
 
     def unscrape(self, name: str) -> None:
@@ -152,6 +155,19 @@ class DevCluster:
         tmp = pods / f".{name}.json.tmp"
         tmp.write_text(json.dumps([{"targets": [f"127.0.0.1:{port}"], "labels": labels}]))
         tmp.rename(pods / f"{name}.json")
+
+    def stop_node_daemon(self, program: str) -> realnode.DaemonLaunch:
+        """Stop the real node's kubelet or containerd (a real fault for tests); `start_node_daemon`
+        starts it again as it ran. Raises RuntimeError without a real node."""
+        if self.state.real_node is None:
+            raise RuntimeError("this devcluster runs no real node")
+        return realnode.stop_daemon(self.state_dir, program)
+
+    def start_node_daemon(self, launch: realnode.DaemonLaunch) -> None:
+        """Start what `stop_node_daemon` stopped, and record it (`attach` and `status` find it running)."""
+        rec = realnode.start_daemon(self.state_dir, launch)
+        self.state.processes = [rec if p.name == rec.name else p for p in self.state.processes]
+        (self.state_dir / "state.json").write_text(self.state.model_dump_json(indent=2))
 
     def restart_kueue(
         self,

@@ -27,6 +27,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel
 
+from ghostgpu.devcluster import procs
 from ghostgpu.devcluster.nodes import GpuNodeSpec, Taint
 from ghostgpu.devcluster.paths import REPO_ROOT
 
@@ -418,9 +419,9 @@ def _kill(pids: list[int]) -> None:
 
 def _cgroup_pids(d: Path) -> list[int]:
     pids: list[int] = []
-    for procs in d.rglob("cgroup.procs"):
+    for tasks in d.rglob("cgroup.procs"):
         with contextlib.suppress(OSError):
-            pids += [int(p) for p in procs.read_text().split()]
+            pids += [int(p) for p in tasks.read_text().split()]
     return pids
 
 
@@ -541,3 +542,48 @@ def write_kubelet_files(
         spec,
     )
     lay.kubelet_config.write_text(yaml.safe_dump(cfg, sort_keys=True))
+
+
+# ----- faults: the node's kubelet or containerd stopped and started again -----
+
+NODE_DAEMONS = ("kubelet", "containerd")
+
+
+def daemon_pid(state_dir: Path, program: str) -> int | None:
+    """The pid of this state dir's real-node `program` (kubelet or containerd), or None."""
+    lay = Layout(state_dir)
+    config = str(lay.kubelet_config if program == "kubelet" else lay.containerd_config)
+    return next((p for p, c in _cmdlines_matching(program).items() if _config_args(c) == config), None)
+
+
+class DaemonLaunch(BaseModel):
+    """How a stopped node daemon ran: enough to start it again as it was."""
+
+    program: str
+    argv: list[str]
+    env: dict[str, str]
+
+
+def stop_daemon(state_dir: Path, program: str) -> DaemonLaunch:
+    """Stop the real node's kubelet or containerd (SIGTERM, as a service manager's restart does).
+    Its containers keep running: their shims outlive containerd, and a kubelet finds its pods
+    again. Raises RuntimeError when it is not running."""
+    if program not in NODE_DAEMONS:
+        raise ValueError(f"{program!r}: not one of {NODE_DAEMONS}")
+    pid = daemon_pid(state_dir, program)
+    if pid is None:
+        raise RuntimeError(f"the real node's {program} of {state_dir} is not running")
+    proc = Path(f"/proc/{pid}")
+    argv = [a.decode() for a in (proc / "cmdline").read_bytes().split(b"\0") if a]
+    pairs = [e.decode(errors="replace") for e in (proc / "environ").read_bytes().split(b"\0")]
+    env = dict(e.split("=", 1) for e in pairs if "=" in e)
+    os.kill(pid, signal.SIGTERM)
+    _wait_gone([pid], timeout=20)
+    _kill([pid])
+    return DaemonLaunch(program=program, argv=argv, env=env)
+
+
+def start_daemon(state_dir: Path, launch: DaemonLaunch) -> procs.ProcessRecord:
+    """Start a daemon `stop_daemon` stopped, with the command line and environment it ran with
+    (`cleanup` finds it by its config flag, as the first one)."""
+    return procs.start(launch.program, launch.argv, state_dir / "logs", env=launch.env)

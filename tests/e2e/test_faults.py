@@ -1,6 +1,6 @@
-"""Fault tolerance, end to end: the controller's real reconcile path against the
-devcluster, with faults injected by real local servers, and three properties checked on every
-poll and at the end:
+"""Fault tolerance, end to end, in both process sources (controller.processSource: exec and
+agent): the controller's real reconcile path against the devcluster, with faults injected by real
+local servers, and three properties checked on every poll and at the end:
 
   0 false reclaims       no workload whose truth is not reclaimable (busy, in a batch gap, a held
                          notebook) gets a reclaimable verdict, is acted on, or has a scale request
@@ -10,12 +10,16 @@ poll and at the end:
   recovery               the same Reconciler object (no restart) reaches every right verdict and
                          reclaims every true ghost once the faults stop.
 
-Wiring: `ghostgpu.controller.app.Informers` (watch caches), `Reconciler`, `Cluster`, `KubeExec`,
-`UtilizationSource` - the objects `run_controller` builds - driven poll by poll so that faults can
-be set between polls. Fault sources: PrometheusFaultProxy (down/reset/slow/5xx/garbage/empty/
-partial/stale), RBAC without pods/exec (real 403), FIFO-backed `ps` tables (real hanging exec),
-malformed `ps` output, a validating webhook that makes the apiserver answer the scale call with
-429/500/503 bursts, and a skewed controller clock. The leader-kill case is a second test with two
+Wiring: `ghostgpu.controller.app.Informers` (watch caches), `Reconciler`, `Cluster`, and the
+signal sources `run_controller` builds (`app.signal_sources` in agent mode; `KubeExec` through
+`ExecProcessSource` in exec mode), driven poll by poll so that faults can be set between polls.
+Fault sources in both modes: PrometheusFaultProxy (down/reset/slow/5xx/garbage/empty/partial/
+stale), a validating webhook that makes the apiserver answer the scale call with 429/500/503
+bursts, and a skewed controller clock. Exec mode: RBAC without pods/exec (real 403), FIFO-backed
+`ps` tables (real hanging exec), malformed `ps` output. Agent mode: node agents whose series the
+agent's own collector renders and the real Prometheus scrapes (ghostgpu.scale.agent_faults):
+restarts, rollouts, scrape gaps, stale scans, a twin's series under another pod UID, a container
+restarted between scans, node clock skew. The leader-kill case is a second test with two
 `ghostgpu controller` processes.
 """
 
@@ -41,18 +45,21 @@ import yaml
 from kubernetes import client
 from proctables import FINISHED, GAP, LIVE, NOTEBOOK, ZOMBIE
 
+from ghostgpu.agent.scan import ContainerKey
 from ghostgpu.config import ControllerConfig
-from ghostgpu.controller.app import Informers
+from ghostgpu.controller.app import Informers, signal_sources
 from ghostgpu.controller.books.decisions import DecisionLog
 from ghostgpu.controller.inventory import gpu_predicate, owner_workload
 from ghostgpu.controller.kube import Cluster
 from ghostgpu.controller.metrics import ControllerMetrics
+from ghostgpu.controller.observe.evidence import policy_from_config
 from ghostgpu.controller.reconciler import PollResult, Reconciler, Snapshot
 from ghostgpu.devcluster import DevCluster, ProcessTables
 from ghostgpu.devcluster.certs import CertAuthority
 from ghostgpu.devcluster.kwok_exec import ProcessRow, render_table
 from ghostgpu.devcluster.nodes import GpuNodeSpec, Taint, node_manifest
 from ghostgpu.devcluster.procs import free_port
+from ghostgpu.scale.agent_faults import AGENT_FAULTS, AgentFleet, Container
 from ghostgpu.scale.faults import (
     PROM_MODES,
     PrometheusFaultProxy,
@@ -66,14 +73,36 @@ from ghostgpu.signals.podexec import ExecResult, KubeExec, PodRef
 from ghostgpu.signals.processes import ExecProcessSource, MalformedListing, parse_ps
 from ghostgpu.signals.prometheus import PrometheusClient
 from ghostgpu.signals.utilization import QuerySpec, UtilizationSource
-from ghostgpu.verdict import RECLAIMABLE_KINDS
+from ghostgpu.verdict import RECLAIMABLE_KINDS, ProcessCounts, count_roles
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(1500)]
 
 NODE_LABEL = "ghostgpu-faults-node"
-MIN_FAULTS = 1000
+MIN_FAULTS = 1000  # per mode
 EXEC_TIMEOUT = 0.5
 PROM_TIMEOUT = 0.5
+# Agent mode: after the agents' faults are set, a poll waits for Prometheus's next scrape of them
+# (the devcluster scrapes every second).
+SCRAPE_SETTLE = 1.05
+AGENT_IDLE_REPLICAS = 4
+AGENT_SLOTS = 44  # one agent per pod (the agent-mode fleet has 40), so an agent's fault touches one pod
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Polls per phase: Prometheus faults, the mode's process faults (both as a follower), then
+    everything at once as the leader; reclaimed ghosts restored every `restore_every` polls."""
+
+    prom_polls: int
+    process_polls: int
+    leader_polls: int
+    restore_every: int
+
+
+PLANS = {
+    "exec": Plan(prom_polls=200, process_polls=110, leader_polls=120, restore_every=6),
+    "agent": Plan(prom_polls=100, process_polls=70, leader_polls=60, restore_every=6),
+}
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -158,13 +187,28 @@ class FaultyExec:
 
 
 @dataclass
+class KindStats:
+    """One fault kind over the run: how often it was injected, the polls it was armed in, the
+    verdicts of the workloads it touched that were UNKNOWN, and their reclaims (true ghosts only)."""
+
+    injected: int = 0
+    polls: int = 0
+    unknown: int = 0
+    reclaims: int = 0
+
+
+@dataclass
 class Ledger:
     violations: list[str] = field(default_factory=list)
     faults: Counter[str] = field(default_factory=Counter)
+    kinds: dict[str, KindStats] = field(default_factory=dict)
     polls: int = 0
     reclaims: int = 0
     restores: int = 0
     unknown_verdicts: int = 0
+
+    def kind(self, name: str) -> KindStats:
+        return self.kinds.setdefault(name, KindStats())
 
 
 class _LastErrors(logging.Handler):
@@ -180,8 +224,8 @@ class _LastErrors(logging.Handler):
 
 
 class Harness:
-    def __init__(self, cluster: DevCluster, ns: str, tmp: Path, noexec_kubeconfig: Path) -> None:
-        self.cluster, self.ns, self.tmp = cluster, ns, tmp
+    def __init__(self, cluster: DevCluster, ns: str, tmp: Path, noexec_kubeconfig: Path, mode: str) -> None:
+        self.cluster, self.ns, self.tmp, self.mode = cluster, ns, tmp, mode
         self.noexec_kubeconfig = noexec_kubeconfig
         self.tables: ProcessTables = cluster.process_tables
         self.dcgm = cluster.dcgm
@@ -190,6 +234,10 @@ class Harness:
         self.skew = 0.0
         self.leader = False
         self.known_pods: dict[str, str] = {}  # pod -> deployment
+        # Faults armed for the coming poll: per pod (pod -> kind) and for the whole poll.
+        self.pod_faults: dict[str, str] = {}
+        self.poll_faults: list[str] = []
+        self.agents = AgentFleet(AGENT_SLOTS) if mode == "agent" else None
         self.apps = client.AppsV1Api(cluster.kube.api_client)
         self.errors = _LastErrors()
         logging.getLogger("ghostgpu.controller").addHandler(self.errors)
@@ -207,18 +255,41 @@ class Harness:
             self.cluster.state.prometheus_url, port=free_port(), slow_seconds=PROM_TIMEOUT * 3
         )
         await self.proxy.start()
-        cfg = ControllerConfig.model_validate(
-            {"mode": "enforce", "window": 3, "longWindow": 6, "startupGrace": "1s", "staleAfter": "30s"}
-        )
-        spec = QuerySpec.from_preset(cfg.metrics.active, max_sample_age=30.0)
+        raw: dict[str, Any] = {
+            "mode": "enforce", "window": 3, "longWindow": 6, "startupGrace": "1s", "staleAfter": "30s",
+            "processSource": self.mode, "prometheus": {"url": self.proxy.url, "timeout": f"{PROM_TIMEOUT}s"},
+        }  # fmt: skip
+        if self.agents is not None:
+            # The agents' targets, scraped as the bundle's ServiceMonitor scrapes the agent: their
+            # job and a namespace of their own are the controller's metrics.agentSource.
+            port = free_port()
+            self.agents.serve(port)
+            agent_ns = f"{self.ns}-agents"
+            for name, path in self.agents.targets():
+                self.cluster.scrape(f"{self.ns}-{name}", port, labels={"namespace": agent_ns}, path=path)
+            raw["metrics"] = {
+                "scrapeInterval": "1s",
+                "agentSource": {"job": "ghostgpu-controller", "namespace": agent_ns},
+            }
+        cfg = ControllerConfig.model_validate(raw)
+        self.policy = policy_from_config(cfg).processes
         self.exec = FaultyExec(KubeExec(api), KubeExec(noexec_api))
         self.prom = PrometheusClient(self.proxy.url, timeout=PROM_TIMEOUT)
+        if self.agents is not None:
+            # What `ghostgpu controller` builds for processSource: agent (nothing execs).
+            sources = signal_sources(cfg, self.prom, self.exec)
+            utilization, processes, files = sources.utilization, sources.processes, sources.files
+        else:
+            spec = QuerySpec.from_preset(cfg.metrics.active, max_sample_age=30.0)
+            utilization = UtilizationSource(self.prom, spec)
+            processes = ExecProcessSource(self.exec, concurrency=8, timeout=EXEC_TIMEOUT)
+            files = FileArtifactProbe(self.exec, timeout=EXEC_TIMEOUT)
         self.rec = Reconciler(
             cfg,
             cluster=Cluster(api, instance="fault-suite"),
-            utilization=UtilizationSource(self.prom, spec),
-            processes=ExecProcessSource(self.exec, concurrency=8, timeout=EXEC_TIMEOUT),
-            files=FileArtifactProbe(self.exec, timeout=EXEC_TIMEOUT),
+            utilization=utilization,
+            processes=processes,
+            files=files,
             s3=None,
             metrics=ControllerMetrics(),
             decision_log=DecisionLog(self.tmp / "decisions.jsonl"),
@@ -227,6 +298,10 @@ class Harness:
         )
 
     async def stop(self) -> None:
+        if self.agents is not None:
+            for name, _ in self.agents.targets():
+                self.cluster.unscrape(f"{self.ns}-{name}")
+            self.agents.stop()
         for t in self.tasks:
             t.cancel()
         await asyncio.gather(*self.tasks, return_exceptions=True)
@@ -237,6 +312,7 @@ class Harness:
 
     def _pods(self) -> dict[str, str]:
         out = {}
+        self.uids: dict[str, str] = {}
         for entry in self.informers.pods.store.values():
             p = entry.view  # one pod cache: each entry is an inventory.CachedPod
             if p.namespace != self.ns or not p.running:
@@ -244,7 +320,12 @@ class Harness:
             ref = owner_workload(p)
             if ref is not None and ref.name in FLEET:
                 out[p.name] = ref.name
+                self.uids[p.name] = p.uid
         return out
+
+    def counts(self, name: str) -> ProcessCounts:
+        """What the node agent counts in the workload's container: its table, by the verdict's rules."""
+        return count_roles(parse_ps(render_table(FLEET[name].table)), self.policy)
 
     async def sync_pods(self) -> None:
         pods = self._pods()
@@ -256,9 +337,16 @@ class Harness:
         for pod in set(self.known_pods) - set(pods):
             await asyncio.to_thread(self.dcgm.remove, self.ns, pod)
         self.known_pods = pods
+        if self.agents is not None:
+            self.agents.place(
+                {
+                    pod: Container(ContainerKey(self.ns, pod, self.uids[pod], "main"), self.counts(name))
+                    for pod, name in pods.items()
+                }
+            )
 
     async def wait_fleet(self, timeout: float = 120) -> None:
-        want = {n: t.replicas for n, t in FLEET.items()}
+        want = {n: self.want(n) for n in FLEET}
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             have = Counter(self._pods().values())
@@ -267,6 +355,12 @@ class Harness:
                 return
             await asyncio.sleep(0.5)
         raise AssertionError(f"fleet pods not running: {dict(Counter(self._pods().values()))}")
+
+    def want(self, name: str) -> int:
+        """The workload's replicas: in agent mode four times as many of the idle ones, as an
+        agent's faults cost a poll nothing and one agent's fault touches one pod."""
+        t = FLEET[name]
+        return t.replicas * (AGENT_IDLE_REPLICAS if self.agents is not None and t.util == 0 else 1)
 
     def replicas(self, name: str) -> int:
         wl = self.informers.deployments.store.get((self.ns, name))
@@ -283,41 +377,79 @@ class Harness:
             nodes=snap.nodes,
         )
 
+    def _faults_of(self) -> dict[str, set[str]]:
+        """workload -> the fault kinds armed on it for this poll."""
+        out: dict[str, set[str]] = {n: set(self.poll_faults) for n in FLEET}
+        for pod, kind in self.pod_faults.items():
+            if pod in self.known_pods:
+                out[self.known_pods[pod]].add(kind)
+        return out
+
     async def poll(self) -> PollResult:
+        faults = self._faults_of()
+        denied_before = self.webhook.state.count("denied")
         result = await self.rec.poll_once(self._snapshot())
         self.ledger.polls += 1
+        for kind in set().union(*faults.values()):
+            self.ledger.kind(kind).polls += 1
+        if self.webhook.state.count("denied") > denied_before:
+            self.ledger.kind("apiserver-scale-denied").polls += 1
         for ref, judged in result.judged.items():
             kind = judged.verdict.kind
             self.ledger.unknown_verdicts += kind.value == "UNKNOWN"
+            if kind.value == "UNKNOWN":
+                for fault in faults.get(ref.name, ()):
+                    self.ledger.kind(fault).unknown += 1
             if ref.name in NEVER and kind in RECLAIMABLE_KINDS:
                 self.ledger.violations.append(f"poll {self.ledger.polls}: {ref.name} judged {kind.value}")
         for ref, outcome in result.actions:
             if outcome == "scaled-to-zero":
                 self.ledger.reclaims += 1
+                for fault in faults.get(ref.name, ()):
+                    self.ledger.kind(fault).reclaims += 1
                 if ref.name in NEVER:
                     self.ledger.violations.append(f"poll {self.ledger.polls}: {ref.name} scaled to zero")
         self.check_counts()
         return result
 
     def check_counts(self) -> None:
-        for name, truth in FLEET.items():
+        for name in FLEET:
             wl = self.informers.deployments.store.get((self.ns, name))
             if wl is None:
                 self.ledger.violations.append(f"{name} disappeared")
                 continue
-            if name in NEVER and wl.replicas != truth.replicas:
-                self.ledger.violations.append(f"{name} has {wl.replicas} replicas, want {truth.replicas}")
-            if wl.replicas == 0 and wl.reclaimed_from != truth.replicas:
+            if name in NEVER and wl.replicas != self.want(name):
+                self.ledger.violations.append(f"{name} has {wl.replicas} replicas, want {self.want(name)}")
+            if wl.replicas == 0 and wl.reclaimed_from != self.want(name):
                 self.ledger.violations.append(
-                    f"{name} at 0 replicas records {wl.reclaimed_from}, had {truth.replicas}: count lost"
+                    f"{name} at 0 replicas records {wl.reclaimed_from}, had {self.want(name)}: count lost"
                 )
 
     # --- faults ----------------------------------------------------------------------------------
 
+    async def arm_process_faults(self, rate: float, forbid_rate: float) -> None:
+        """The mode's process faults for the coming poll (exec: per pod or the whole poll's exec
+        forbidden; agent: per agent, started at `rate`, some lasting a few polls)."""
+        if self.agents is not None:
+            idle = {p for p, n in self.known_pods.items() if FLEET[n].util == 0}
+            self.pod_faults, started = self.agents.arm(idle, rate, self.known_pods)
+            for kind in started.values():
+                self.ledger.faults[kind] += 1
+            await asyncio.sleep(SCRAPE_SETTLE)  # Prometheus scrapes the agents as they are now
+            return
+        await self.arm_exec_faults(rate, forbid_rate)
+
+    async def disarm_process_faults(self) -> None:
+        if self.agents is None:
+            await self.disarm_exec_faults()
+
     async def arm_exec_faults(self, rate: float, forbid_rate: float) -> None:
         self.exec.faulted.clear()
         self.exec.forbidden = self.rng.random() < forbid_rate
+        self.poll_faults = [k for k in self.poll_faults if k != "exec-forbidden"]
+        self.pod_faults = {}
         if self.exec.forbidden:
+            self.poll_faults.append("exec-forbidden")
             return
         for pod, name in self.known_pods.items():
             if FLEET[name].util == 0 and self.rng.random() < rate:
@@ -329,6 +461,7 @@ class Harness:
                     text = garbage_listing(self.rng, _valid_listing)
                     await asyncio.to_thread(path.write_text, text)
                 self.exec.faulted[(self.ns, pod)] = mode
+                self.pod_faults[pod] = f"exec-{mode}"
 
     async def disarm_exec_faults(self) -> None:
         for (_, pod), _mode in list(self.exec.faulted.items()):
@@ -337,6 +470,21 @@ class Harness:
             await asyncio.to_thread(release_fifo, self.tables.path(self.ns, pod), text)
         self.exec.faulted.clear()
         self.exec.forbidden = False
+        self.pod_faults = {}
+        self.poll_faults = [k for k in self.poll_faults if k != "exec-forbidden"]
+
+    async def set_prometheus_fault(self, mode: str) -> None:
+        await self.proxy.set_mode(mode)
+        self.poll_faults = [k for k in self.poll_faults if not k.startswith("prometheus-")]
+        if mode != "ok":
+            self.poll_faults.append(f"prometheus-{mode}")
+
+    def set_skew(self, skew: float) -> None:
+        self.skew = skew
+        self.poll_faults = [k for k in self.poll_faults if k != "clock-skew"]
+        if skew:
+            self.poll_faults.append("clock-skew")
+            self.ledger.faults["clock-skew"] += 1
 
     async def restore_reclaimed(self) -> None:
         """Every reclaimed ghost goes back through `ghostgpu restore`: proves the count was kept and
@@ -361,17 +509,17 @@ class Harness:
                     fresh = await asyncio.to_thread(self.apps.read_namespaced_deployment, name, self.ns)
                     ann = fresh.metadata.annotations or {}
                     if fresh.spec.replicas == 0 and ann.get("ghostgpu.io/reclaimed-from-replicas") != str(
-                        truth.replicas
+                        self.want(name)
                     ):
                         self.ledger.violations.append(f"restore of {name} lost its count: {exc}")
                         break
                     continue
-                assert restored.replicas == truth.replicas, f"{name} restored to {restored.replicas}"
+                assert restored.replicas == self.want(name), f"{name} restored to {restored.replicas}"
                 self.ledger.restores += 1
                 break
             # the watch cache sees the scale before the next poll is checked
             deadline = time.monotonic() + 30
-            while self.replicas(name) != truth.replicas and time.monotonic() < deadline:
+            while self.replicas(name) != self.want(name) and time.monotonic() < deadline:
                 await asyncio.sleep(0.2)
 
     def tally(self) -> Counter[str]:
@@ -379,8 +527,32 @@ class Harness:
         total.update({f"prometheus-{k}": v for k, v in self.proxy.injected.items()})
         total.update(self.exec.injected)
         total["apiserver-scale-denied"] = self.webhook.state.count("denied")
-        total["clock-skew"] = self.ledger.faults["clock-skew"]
+        total.update(self.ledger.faults)  # clock skew; the agents' faults
         return total
+
+    def report(self) -> dict[str, Any]:
+        faults = self.tally()
+        kinds = {}
+        for kind, injected in sorted(faults.items()):
+            stats = self.ledger.kind(kind)
+            kinds[kind] = {
+                "injected": injected,
+                "polls": stats.polls,
+                "unknown_verdicts": stats.unknown,
+                "reclaims": stats.reclaims,
+            }
+        return {
+            "mode": self.mode,
+            "faults": kinds,
+            "total_faults": sum(faults.values()),
+            "polls": self.ledger.polls,
+            "reclaims": self.ledger.reclaims,
+            "restores": self.ledger.restores,
+            "unknown_verdicts": self.ledger.unknown_verdicts,
+            "exec_calls": self.exec.calls,
+            "scale_requests_seen": len(self.webhook.state.seen),
+            "false_reclaims": len(self.ledger.violations),
+        }
 
 
 # --- fixtures -----------------------------------------------------------------------------------------
@@ -479,17 +651,47 @@ def scale_webhook(devcluster: DevCluster, fault_ns: str) -> Iterator[ScaleWebhoo
 # --- the suite ------------------------------------------------------------------------------------------
 
 
+def code_commit() -> str:
+    """The commit the suite runs on; `+changes` when the code differs from it (not a result of it)."""
+    head = subprocess.run(
+        ["git", "rev-parse", "--short=12", "HEAD"], cwd=REPO, capture_output=True, text=True
+    )
+    diff = subprocess.run(
+        ["git", "status", "--porcelain", "--untracked-files=no", "--", "ghostgpu", "tests/e2e"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
+    return head.stdout.strip() + ("+changes" if diff.stdout.strip() else "")
+
+
+def write_report(path: Path, report: dict[str, Any]) -> None:
+    """docs/faults.json: each mode's report under `modes`, and the totals over the modes."""
+    doc = json.loads(path.read_text()) if path.exists() else {}
+    modes = {**(doc.get("modes") or {}), report["mode"]: report}
+    out = {
+        "modes": dict(sorted(modes.items())),
+        "total_faults": sum(m["total_faults"] for m in modes.values()),
+        "false_reclaims": sum(m["false_reclaims"] for m in modes.values()),
+    }
+    path.write_text(json.dumps(out, indent=1, sort_keys=True) + "\n")
+
+
+@pytest.mark.parametrize("mode", ["exec", "agent"])
 async def test_injected_faults_never_reclaim_live_work_nor_lose_counts(
     devcluster: DevCluster,
     fault_ns: str,
     noexec_kubeconfig: Path,
     scale_webhook: ScaleWebhook,
     tmp_path: Path,
+    mode: str,
 ) -> None:
     ns = fault_ns
-    for name, truth in FLEET.items():
-        await asyncio.to_thread(devcluster.kube.apply, deployment(name, ns, truth.replicas))
-    h = Harness(devcluster, ns, tmp_path, noexec_kubeconfig)
+    plan = PLANS[mode]
+    started = time.monotonic()
+    h = Harness(devcluster, ns, tmp_path, noexec_kubeconfig, mode)
+    for name in FLEET:
+        await asyncio.to_thread(devcluster.kube.apply, deployment(name, ns, h.want(name)))
     await h.start(scale_webhook)
     try:
         await h.wait_fleet()
@@ -502,45 +704,44 @@ async def test_injected_faults_never_reclaim_live_work_nor_lose_counts(
 
         # Phase 1 - Prometheus faults (follower: judged, not acted on). Every poll one mode; a
         # clean poll in between lets windows start again.
-        for i in range(260):
-            mode = PROM_MODES[i % len(PROM_MODES)] if i % 4 else "ok"
-            await h.proxy.set_mode(mode)
+        for i in range(plan.prom_polls):
+            await h.set_prometheus_fault(PROM_MODES[i % len(PROM_MODES)] if i % 4 else "ok")
             await h.poll()
-        await h.proxy.set_mode("ok")
+        await h.set_prometheus_fault("ok")
 
-        # Phase 2 - exec faults (follower): forbidden (real RBAC 403), hanging, malformed output.
+        # Phase 2 - the mode's process faults (follower). Exec: forbidden (real RBAC 403), hanging,
+        # malformed output. Agent: the agents' faults (ghostgpu.scale.agent_faults).
         for _ in range(3):  # fill the windows first
             await h.poll()
-        for _ in range(110):
-            await h.arm_exec_faults(rate=0.6, forbid_rate=0.25)
+        for _ in range(plan.process_polls):
+            await h.arm_process_faults(rate=0.9 if mode == "agent" else 0.7, forbid_rate=0.3)
             await h.poll()
-            await h.disarm_exec_faults()
+            await h.disarm_process_faults()
 
         # Phase 3 - everything at once, as the leader, acting: apiserver 429/500/503 bursts on the
-        # scale call, clock skew, Prometheus and exec faults; reclaimed ghosts are restored at once.
+        # scale call, clock skew, Prometheus and process faults; reclaimed ghosts are restored.
         h.leader = True
         scale_webhook.state.deny_probability = 0.6
-        for i in range(160):
-            await h.proxy.set_mode(h.rng.choice(PROM_MODES) if h.rng.random() < 0.25 else "ok")
-            await h.arm_exec_faults(rate=0.3, forbid_rate=0.1)
-            if h.rng.random() < 0.25:
-                h.skew = h.rng.choice([-900.0, -300.0, 90.0, 400.0, 3600.0])
-                h.ledger.faults["clock-skew"] += 1
-            else:
-                h.skew = 0.0
+        for i in range(plan.leader_polls):
+            await h.set_prometheus_fault(h.rng.choice(PROM_MODES) if h.rng.random() < 0.25 else "ok")
+            await h.arm_process_faults(rate=0.4 if mode == "agent" else 0.3, forbid_rate=0.1)
+            h.set_skew(h.rng.choice([-900.0, -300.0, 90.0, 400.0, 3600.0]) if h.rng.random() < 0.25 else 0.0)
             await h.poll()
-            await h.disarm_exec_faults()
-            if i % 4 == 3:
+            await h.disarm_process_faults()
+            if i % plan.restore_every == plan.restore_every - 1:
                 await h.restore_reclaimed()
                 await h.wait_fleet()
 
         # Phase 4 - the faults stop; the same Reconciler (never restarted) must converge.
-        await h.proxy.set_mode("ok")
-        h.skew = 0.0
+        await h.set_prometheus_fault("ok")
+        h.set_skew(0.0)
+        if h.agents is not None:
+            h.agents.clear()
+            h.pod_faults = {}
         scale_webhook.state.deny_probability = 0.0
         await h.restore_reclaimed()
         await h.wait_fleet()
-        await asyncio.sleep(1.5)
+        await asyncio.sleep(2.5)  # the faulted samples leave the agents' window
         converged = False
         # Bounded by time, not polls: on a loaded 2-core machine a reclaim can meet a few
         # resourceVersion conflicts (the restored pods' status updates) before it lands.
@@ -564,37 +765,32 @@ async def test_injected_faults_never_reclaim_live_work_nor_lose_counts(
         assert not (scale_webhook.state.names() & NEVER), scale_webhook.state.seen
         # Every reclaimed ghost is restorable to its count.
         await h.restore_reclaimed()
-        for name, truth in FLEET.items():
+        for name in FLEET:
             got = await asyncio.to_thread(
                 lambda n=name: h.apps.read_namespaced_deployment(n, ns).spec.replicas
             )
-            assert got == truth.replicas, f"{name}: {got} replicas after restore, want {truth.replicas}"
+            assert got == h.want(name), f"{name}: {got} replicas after restore, want {h.want(name)}"
 
-        faults = h.tally()
-        total = sum(faults.values())
-        report = {
-            "faults": dict(sorted(faults.items())),
-            "total_faults": total,
-            "polls": h.ledger.polls,
-            "reclaims": h.ledger.reclaims,
-            "restores": h.ledger.restores,
-            "unknown_verdicts": h.ledger.unknown_verdicts,
-            "exec_calls": h.exec.calls,
-            "scale_requests_seen": len(scale_webhook.state.seen),
-            "false_reclaims": len(h.ledger.violations),
-        }
-        print("FAULT-SUITE " + json.dumps(report, sort_keys=True))
+        report = {**h.report(), "seconds": round(time.monotonic() - started), "commit": code_commit()}
+        print(f"FAULT-SUITE {mode} " + json.dumps(report, sort_keys=True))
         out = Path(os.environ.get("GHOSTGPU_FAULT_REPORT") or tmp_path / "fault-report.json")
-        out.write_text(json.dumps(report, indent=1, sort_keys=True) + "\n")  # docs/faults.json
+        write_report(out, report)  # docs/faults.json
+        faults = h.tally()
         assert h.ledger.violations == []
-        assert total >= MIN_FAULTS, faults
+        assert report["total_faults"] >= MIN_FAULTS, faults
         # every class of fault was really injected
-        for kind in ("exec-forbidden", "exec-hang", "exec-garbage", "apiserver-scale-denied", "clock-skew"):
+        process_kinds = AGENT_FAULTS if mode == "agent" else ("exec-forbidden", "exec-hang", "exec-garbage")
+        for kind in (*process_kinds, "apiserver-scale-denied", "clock-skew"):
             assert faults[kind] > 0, kind
         assert all(faults[f"prometheus-{m}"] > 0 for m in PROM_MODES), faults
         assert h.ledger.reclaims > 0 and h.ledger.restores > 0
+        if mode == "agent":
+            assert h.exec.calls == 0, "agent mode execs into no pod"
+            # The agents' faults that fail the signal did: each made verdicts UNKNOWN.
+            for kind in ("agent-stale-scan", "agent-twin-uid", "agent-container-restarted"):
+                assert h.ledger.kind(kind).unknown > 0, (kind, report["faults"][kind])
     finally:
-        await h.disarm_exec_faults()
+        await h.disarm_process_faults()
         await h.stop()
         for pod in list(h.known_pods):
             await asyncio.to_thread(h.tables.clear, ns, pod)

@@ -409,6 +409,28 @@ def test_a_pid_reused_mid_read_never_mixes_two_processes(
     assert [(p.container.container_id, p.args, p.nspid) for p in got.processes.values()] == listed
 
 
+def test_a_real_process_read_through_its_open_directory_cannot_be_another_once_it_exits() -> None:
+    """The real kernel's side of the test above: once the process behind an open /proc/<pid>
+    directory has exited and been reaped (its pid free for the next process), every read through
+    that directory fails (ESRCH) instead of reading whoever gets the pid, so `read_process` sees
+    it gone; before that, the same reads give the process's own row."""
+    child = subprocess.Popen(["sleep", "60"])
+    fd = os.open(f"/proc/{child.pid}", os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        ref = ContainerRef(pod_uid="u", container_id="c")
+        row = procfs.read_process(fd, child.pid, ref, procfs.uptime_s(Path("/proc")))
+        assert row is not None and row.args == "sleep 60"
+        child.kill()
+        child.wait()  # reaped: the pid may now be handed to a new process
+        with pytest.raises(procfs._GONE):
+            procfs.read_process(fd, child.pid, ref, procfs.uptime_s(Path("/proc")))
+    finally:
+        os.close(fd)
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+
+
 AGENT_UID = 65533  # the DaemonSet's runAsUser/runAsGroup (templates/controller/agent.yaml.j2)
 
 

@@ -3,6 +3,9 @@ node itself runs in tests/e2e/test_real_node.py)."""
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 import tomllib
 from pathlib import Path
 
@@ -100,3 +103,42 @@ def test_a_shims_socket_is_named_the_way_containerd_1_6_names_it() -> None:
     [sock] = realnode.shim_sockets(Path("/s/containerd.sock"), cmd)
     assert sock.parent == realnode.SHIM_SOCKET_DIR and len(sock.name) == 64
     assert realnode.shim_sockets(Path("/s/containerd.sock"), "-address /s/containerd.sock") == []
+
+
+def test_a_node_daemon_restarts_as_it_ran_and_only_this_state_dirs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """stop_daemon finds the daemon by its config flag (another state dir's is not it), and
+    start_daemon runs the same command line and environment again, found the same way."""
+    import subprocess
+    import sys
+
+    with pytest.raises(ValueError, match="not one of"):
+        realnode.stop_daemon(tmp_path, "etcd")
+    with pytest.raises(RuntimeError, match="not running"):
+        realnode.stop_daemon(tmp_path, "containerd")
+    lay = realnode.Layout(tmp_path)
+    lay.dir.mkdir(parents=True)
+    (tmp_path / "logs").mkdir()
+    # A stand-in named `containerd` (a python interpreter under that name) with this state dir's config.
+    fake = tmp_path / "bin" / "containerd"
+    fake.parent.mkdir()
+    fake.symlink_to(sys.executable)
+    argv = [str(fake), "-c", "import time; time.sleep(60)", f"--config={lay.containerd_config}"]
+    first = subprocess.Popen(argv, env={"MARK": "kept"})
+    try:
+        pid = realnode.daemon_pid(tmp_path, "containerd")
+        assert pid == first.pid
+        assert realnode.daemon_pid(tmp_path / "other", "containerd") is None
+        launch = realnode.stop_daemon(tmp_path, "containerd")
+        first.wait(10)
+        assert launch.argv == argv and launch.env.get("MARK") == "kept"
+        assert realnode.daemon_pid(tmp_path, "containerd") is None
+        again = realnode.start_daemon(tmp_path, launch).pid
+        assert realnode.daemon_pid(tmp_path, "containerd") == again != pid
+        assert "MARK=kept" in Path(f"/proc/{again}/environ").read_bytes().decode(errors="replace")
+    finally:
+        for p in (realnode.daemon_pid(tmp_path, "containerd"), first.pid):
+            if p is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(p, signal.SIGKILL)
