@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -44,6 +44,15 @@ _QUERIES = re.compile(
     r'|vm_http_requests_total\{[^}]*path="/api/v1/query"[^}]*\}) (\S+)$'
 )
 _RSS = re.compile(r"^process_resident_memory_bytes (\S+)$")
+
+# Which store serves each URL the bench started (Stores.use): the controller's config for a URL
+# carries what that store needs (bench.controller_config).
+_SERVING: dict[str, str] = {}
+
+
+def backend_at(url: str) -> str:
+    """The store the bench runs at `url`; Prometheus for any other URL."""
+    return _SERVING.get(url, PROMETHEUS)
 
 
 def parse_backends(text: str) -> tuple[str, ...]:
@@ -133,6 +142,7 @@ class Stores:
                 self.names[backend], self._argv(backend, scrape_interval), self.logs
             )
         url = self.urls[backend]
+        _SERVING[url] = backend
         procs.wait_for(
             backend,
             lambda: httpx.get(f"{url}/-/ready", timeout=2).status_code == 200,
@@ -214,3 +224,33 @@ def store_figures(
     qspec = signal_sources(ctrl, PrometheusClient(url), executor=None).utilization.spec  # type: ignore[arg-type]
     pods = [PodKey(spec.namespace(i), spec.pod(i)) for i in range(n)]
     return time_query(url, build_query(qspec, pods, now=time.time())), store_rss_mib(url)
+
+
+async def measure_backends(
+    names: Sequence[str],
+    stores: Stores,
+    first: Any,
+    spec: Any,
+    scrape_interval: str,
+    *,
+    wait_series: Callable[[str], None],
+    controller_run: Callable[[str], Awaitable[Any]],
+    controller_config: Callable[[str], dict[str, Any]],
+) -> dict[str, BackendResult]:
+    """Per backend: the first one's figures from `first` (bench.SizeResult, measured in full against
+    it), each other one's from the agent-mode controller run again against it; each store's poll
+    query timed and its memory read right after its run."""
+    head, *others = names
+    url = stores.use(head, scrape_interval)
+    out = {
+        head: BackendResult(
+            head, first.ghostgpu, first.states, *store_figures(url, controller_config(url), spec, first.n)
+        )
+    }
+    for name in others:
+        url = stores.use(name, scrape_interval)
+        wait_series(url)
+        run = await controller_run(url)
+        figures = store_figures(url, controller_config(url), spec, first.n)
+        out[name] = BackendResult(name, run.side, run.rows[-1]["states"], *figures)
+    return out

@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -225,7 +226,7 @@ def budget_check(times: Sequence[float], qps: float) -> dict[str, float]:
 
 
 def controller_config(
-    prom_url: str, window: int, process_source: str = "agent", backend: str = "prometheus"
+    prom_url: str, window: int, process_source: str = "agent", backend: str | None = None
 ) -> dict[str, Any]:
     """examples/ghostgpu.yaml (flavors known, so no Kueue discovery per poll) with the controller
     section the bench needs: shadow mode, a 1 s poll interval, no start-up grace, and the process
@@ -243,7 +244,7 @@ def controller_config(
         # The bench's Prometheus scrapes every SCRAPE_INTERVAL (exporter.start_metrics).
         "metrics": {**(doc.get("controller") or {}).get("metrics", {}), "scrapeInterval": SCRAPE_INTERVAL},
     }
-    return backends.with_backend(dict(doc), backend)
+    return backends.with_backend(dict(doc), backend or backends.backend_at(prom_url))
 
 
 async def _apiserver_exec_total(kube: KubeHTTP) -> float:
@@ -396,27 +397,22 @@ async def _bench(cfg: BenchConfig, log: Log) -> list[SizeResult]:
             ]
             fleet_file.write_text(json.dumps(rows))
             httpx.post(f"{exporter_url}/reload", timeout=120).raise_for_status()
-            first, *others = cfg.backends
-            url = stores.use(first, SCRAPE_INTERVAL)
-            _wait_series(url, n, log)
-            res = await _measure(cfg, spec, n, cluster, kube, url, log, first)
-            res.floor_s = await asyncio.to_thread(_floor, cfg, spec, n, url)
+            prom_url = stores.use(cfg.backends[0], SCRAPE_INTERVAL)
+            _wait_series(prom_url, n, log)
+            res = await _measure(cfg, spec, n, cluster, kube, prom_url, log)
+            res.floor_s = await asyncio.to_thread(_floor, cfg, spec, n, prom_url)
             log(f"[bench] N={n}: floor of one poll {res.floor_s:.4f} s CPU")
-            res.backends[first] = backends.BackendResult(
-                first,
-                res.ghostgpu,
-                res.states,
-                *backends.store_figures(url, controller_config(url, cfg.window, "agent", first), spec, n),
-            )
-            for other in others:
-                url = stores.use(other, SCRAPE_INTERVAL)
-                _wait_series(url, n, log)
-                run = await _controller_run(cfg, n, "agent", cluster, kube, url, log, other)
-                conf = controller_config(url, cfg.window, "agent", other)
-                res.backends[other] = backends.BackendResult(
-                    other, run.side, run.rows[-1]["states"], *backends.store_figures(url, conf, spec, n)
-                )
             results.append(res)
+            res.backends = await backends.measure_backends(
+                cfg.backends,
+                stores,
+                res,
+                spec,
+                SCRAPE_INTERVAL,
+                wait_series=partial(_wait_series, n=n, log=log),
+                controller_run=partial(_controller_run, cfg, n, "agent", cluster, kube, log=log),
+                controller_config=partial(controller_config, window=cfg.window),
+            )
             log(f"[bench] N={n}: {json.dumps(asdict(results[-1]))}")
     finally:
         await kube.aclose()
@@ -470,10 +466,11 @@ async def _controller_run(
     kube: KubeHTTP,
     prom_url: str,
     log: Log,
-    backend: str = "prometheus",
+    backend: str | None = None,
 ) -> _ControllerRun:
     """The controller, started fresh, for window + 1 + steady polls with the given process source."""
     state = cfg.state_dir
+    backend = backend or backends.backend_at(prom_url)
     tag = f"{n}-{source}" + ("" if backend == "prometheus" else f"-{backend}")
     conf = state / f"ghostgpu-{tag}.yaml"
     conf.write_text(yaml.safe_dump(controller_config(prom_url, cfg.window, source, backend), sort_keys=False))
@@ -535,9 +532,10 @@ async def _measure(
     kube: KubeHTTP,
     prom_url: str,
     log: Log,
-    backend: str = "prometheus",
+    backend: str | None = None,
 ) -> SizeResult:
     state = cfg.state_dir
+    backend = backend or backends.backend_at(prom_url)
     runs = {
         src: await _controller_run(cfg, n, src, cluster, kube, prom_url, log, backend)
         for src in PROCESS_SOURCES
