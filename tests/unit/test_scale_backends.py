@@ -95,3 +95,62 @@ def test_results_saved_before_backends_read_back_with_none() -> None:
         del r["backends"], r["backend"]
     [back] = from_json(json.loads(json.dumps(data)))
     assert back.backends == {} and back.backend == "prometheus"
+
+
+async def test_the_first_store_keeps_its_figures_and_each_other_runs_the_controller_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    calls: list[str] = []
+
+    class FakeStores:
+        def use(self, name: str, scrape_interval: str) -> str:
+            calls.append(f"use {name} {scrape_interval}")
+            return f"http://{name}"
+
+    def figures(url: str, conf: dict, spec: object, n: int) -> tuple[float, float]:
+        calls.append(f"figures {url} {conf['url']} {n}")
+        return (0.25, 64.0)
+
+    class Run:
+        def __init__(self) -> None:
+            self.side = _side(0.7)
+            self.rows = [{"states": {"ACTIVE": 9}}, {"states": {"ACTIVE": 10}}]
+
+    async def controller_run(url: str) -> Run:
+        calls.append(f"controller {url}")
+        return Run()
+
+    monkeypatch.setattr(backends, "store_figures", figures)
+    first = SizeResult(n=10, idle=0, nodes=2, ghostgpu=_side(0.5), naive=_side(5.0), states={"ACTIVE": 10})
+    out = await backends.measure_backends(
+        ("victoriametrics", "prometheus"),
+        FakeStores(),  # type: ignore[arg-type]
+        first,
+        object(),
+        "5s",
+        wait_series=lambda url: calls.append(f"wait {url}"),  # type: ignore[func-returns-value]
+        controller_run=controller_run,
+        controller_config=lambda url: {"url": url},
+    )
+    assert calls == [
+        "use victoriametrics 5s",
+        "figures http://victoriametrics http://victoriametrics 10",
+        "use prometheus 5s",
+        "wait http://prometheus",
+        "controller http://prometheus",
+        "figures http://prometheus http://prometheus 10",
+    ]
+    assert out["victoriametrics"] == backends.BackendResult(
+        "victoriametrics", _side(0.5), {"ACTIVE": 10}, 0.25, 64.0
+    )
+    assert out["prometheus"] == backends.BackendResult("prometheus", _side(0.7), {"ACTIVE": 10}, 0.25, 64.0)
+
+
+def test_the_controller_config_for_a_url_carries_what_the_store_there_needs() -> None:
+    url = "http://127.0.0.1:18428"
+    assert "ingestDelay" not in controller_config(url, 5)["controller"]["prometheus"]
+    backends._SERVING[url] = "victoriametrics"
+    try:
+        assert controller_config(url, 5)["controller"]["prometheus"]["ingestDelay"] == "5s"
+    finally:
+        del backends._SERVING[url]
