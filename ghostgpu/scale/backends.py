@@ -190,7 +190,9 @@ def backends_markdown(results: Sequence[Any]) -> str:
     rows = [head]
     for r in results:
         first = None
-        for name, b in getattr(r, "backends", {}).items():
+        # The store measured in full first (a saved run's JSON keeps its keys sorted).
+        for name in sorted(r.backends, key=lambda k: (k != r.backend, k)):
+            b = r.backends[name]
             first = b.states if first is None else first
             same = "same as first" if b.states == first else f"DIFFER: {b.states}"
             side = b.ghostgpu

@@ -84,6 +84,14 @@ def test_each_backends_result_is_saved_and_read_back_and_shown_beside_the_first(
         "| 1,000 | prometheus | 0.500 | 0.200 | 100 | 1 | 0.210 | 310 | ACTIVE 990, FINISHED_IDLE 10 |"
     )
     assert "| victoriametrics | 0.400 |" in lines[3] and "DIFFER: {'ACTIVE': 990, 'UNKNOWN': 10}" in lines[3]
+    # read back from JSON (keys sorted), the store measured in full still comes first
+    res.backend = "victoriametrics"
+    assert list(res.backends) == ["prometheus", "victoriametrics"]
+    assert [line.split("|")[2].strip() for line in backends.backends_markdown([res]).splitlines()[2:]] == [
+        "victoriametrics",
+        "prometheus",
+    ]
+    res.backend = "prometheus"
     res.backends["victoriametrics"].states = dict(same)
     assert backends.backends_markdown([res]).splitlines()[3].endswith("| same as first |")
 
