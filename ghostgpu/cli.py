@@ -182,6 +182,12 @@ _SC_STATE = typer.Option(Path("/tmp/ghostgpu-scale"), "--state-dir", help="Clust
 _SC_JSON_OUT = typer.Option(None, "--json-out", help="Save the raw results here.")
 _SC_FROM_JSON = typer.Option(None, "--from-json", help="Re-render saved results instead of running.")
 _SC_PLOT = typer.Option(None, "--plot", help="Write the log-log cost plot (PNG).")
+_SC_BACKEND = typer.Option(
+    "prometheus",
+    "--backend",
+    help="Comma-separated metrics stores, prometheus and/or victoriametrics: the first is measured in "
+    "full, each other one runs the agent-mode controller again (one store runs at a time).",
+)
 
 
 @bench_app.command("scale")
@@ -195,6 +201,7 @@ def bench_scale(
     json_out: Path | None = _SC_JSON_OUT,
     from_json: Path | None = _SC_FROM_JSON,
     plot: Path | None = _SC_PLOT,
+    backend: str = _SC_BACKEND,
 ) -> None:
     """Scale bench: per-poll cost of the controller vs a naive cron script at each N.
 
@@ -211,6 +218,14 @@ def bench_scale(
         fleet_sizes = []
     if not fleet_sizes or min(fleet_sizes) < 1:
         raise input_error(f"--sizes {sizes!r}: expected fleet sizes >= 1", "give e.g. --sizes 100,1000")
+    from ghostgpu.scale.backends import parse_backends
+
+    try:
+        stores = parse_backends(backend)
+    except ValueError as exc:
+        raise input_error(
+            f"--backend {backend!r}: {exc}", "give e.g. --backend prometheus,victoriametrics"
+        ) from None
     require("kubernetes", "devcluster", "ghostgpu bench scale")  # it runs the local test cluster
     from ghostgpu.scale.command import run_scale_command
 
@@ -225,6 +240,7 @@ def bench_scale(
         from_json_file=from_json,
         plot_path=plot,
         echo=typer.echo,
+        backends=stores,
     )
     if code:
         raise typer.Exit(code)

@@ -875,6 +875,18 @@ class PrometheusConfig(Model):
         description="Timeout of one query; a query that times out is a failed signal (UNKNOWN), "
         "never a zero.",
     )
+    ingest_delay: Duration | None = Field(
+        None,
+        description="How long after a scrape the store may take before a query sees the sample: "
+        "the query's windows (two scrape intervals) grow by it. Unset for Prometheus, which "
+        "answers with a sample once scraped; VictoriaMetrics holds new samples in memory for up "
+        "to about 4 s first, so 5s there (docs/victoriametrics.md). Too short, the newest samples "
+        "are not in the window: with a short scrape interval a pod reads as missing (UNKNOWN).",
+    )
+
+    @property
+    def ingest_delay_seconds(self) -> float:
+        return self.ingest_delay.seconds if self.ingest_delay is not None else 0.0
 
 
 class ApiserverConfig(Model):

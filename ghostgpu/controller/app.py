@@ -251,7 +251,8 @@ def signal_sources(cfg: ControllerConfig, prom: PrometheusClient, executor: PodE
         zero_threshold=cfg.zero_threshold,
         agent_processes=agent,
         dra_devices=bool(cfg.dra_flavors),
-        window=2 * cfg.metrics.scrape_interval.seconds,
+        # The last two scrapes, as far back as the store shows them.
+        window=2 * cfg.metrics.scrape_interval.seconds + cfg.prometheus.ingest_delay_seconds,
         # A sample scraped while the query runs is as new as the query is slow: not ahead of the clock.
         max_clock_skew=cfg.metrics.max_clock_skew.seconds + cfg.prometheus.timeout.seconds,
         agent_source=cfg.metrics.agent_source,

@@ -45,6 +45,12 @@ def up(
     no_kueue: bool = typer.Option(False, "--no-kueue", help="Skip the Kueue manager and CRDs."),
     no_kyverno: bool = typer.Option(False, "--no-kyverno", help="Skip the Kyverno controllers and CRDs."),
     no_prometheus: bool = typer.Option(False, "--no-prometheus", help="Skip Prometheus and fake dcgm."),
+    metrics_store: str = typer.Option(
+        "prometheus",
+        "--metrics-store",
+        help="What scrapes the fake dcgm-exporter and answers queries: prometheus or victoriametrics "
+        "(VictoriaMetrics' single-node server from hack/testbin, on the same port).",
+    ),
     no_real_node: bool = typer.Option(
         False,
         "--no-real-node",
@@ -70,11 +76,19 @@ def up(
     if provider != "local":
         raise input_error(f"--provider {provider!r}: unknown", "give --provider local (the default)")
     kueue_release()  # a bad GHOSTGPU_KUEUE_VERSION is refused before anything starts
+    from ghostgpu.devcluster.victoriametrics import METRICS_STORES
+
+    if metrics_store not in METRICS_STORES:
+        raise input_error(
+            f"--metrics-store {metrics_store!r}: unknown", f"give one of {', '.join(METRICS_STORES)}"
+        )
     skip = {"kueue": no_kueue, "kyverno": no_kyverno, "prometheus": no_prometheus}
     addons = tuple(a for a in ALL_ADDONS if not skip[a])
     t0 = time.monotonic()
     try:
-        cluster = DevCluster.up(state_dir, addons=addons, real_node=not no_real_node)
+        cluster = DevCluster.up(
+            state_dir, addons=addons, real_node=not no_real_node, metrics_store=metrics_store
+        )
     except FileNotFoundError as e:
         raise input_error(f"devcluster up: {e}", TESTBIN_FIX) from e
     except (RuntimeError, TimeoutError, ValueError) as e:

@@ -1,8 +1,9 @@
 """`ghostgpu devcluster up|down|status`: a real control plane (etcd, kube-apiserver,
 kube-controller-manager, kube-scheduler) with kwok GPU nodes and one real node (kubelet, containerd,
 runc: ghostgpu.devcluster.realnode), Kueue and Kyverno running out of cluster, a fake dcgm-exporter
-and Prometheus. Everything listens on 127.0.0.1 only, on ports picked
-at start-up, and is recorded in <state>/state.json so `down` can stop exactly what `up` started."""
+and Prometheus (or VictoriaMetrics in its place: ghostgpu.devcluster.victoriametrics). Everything
+listens on 127.0.0.1 only, on ports picked at start-up, and is recorded in <state>/state.json so
+`down` can stop exactly what `up` started."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ import yaml
 from kubernetes import client
 from pydantic import BaseModel, Field
 
-from ghostgpu.devcluster import components, procs, realnode
+from ghostgpu.devcluster import components, procs, realnode, victoriametrics
 from ghostgpu.devcluster.certs import CertAuthority, install_shared_pair, service_account_keys
 from ghostgpu.devcluster.fake_dcgm import FakeDcgmClient
 from ghostgpu.devcluster.kube import Kube, load_yaml_docs
@@ -68,9 +69,12 @@ class ClusterState(BaseModel):
     real_node: str | None = None
     real_node_error: str | None = None
     node_images: realnode.NodeImages | None = None
+    # What serves the Prometheus query API at prometheus_url: Prometheus or VictoriaMetrics.
+    metrics_store: str = victoriametrics.PROMETHEUS
 
     @property
     def prometheus_url(self) -> str:
+        """The metrics store's query API (Prometheus's, or VictoriaMetrics' in its place)."""
         return f"http://127.0.0.1:{self.ports['prometheus']}"
 
     @property
@@ -230,6 +234,7 @@ class DevCluster:
         kueue_overrides: Mapping[str, Any] | None = None,
         kueue_feature_gates: Mapping[str, bool] | None = None,
         extra_crds: bool = True,
+        metrics_store: str = victoriametrics.PROMETHEUS,
     ) -> DevCluster:
         """`audit_policy`: an audit Policy (YAML text); the apiserver then writes its audit log to
         `<state_dir>/logs/audit.log` (the scale bench counts the controller's requests there).
@@ -241,7 +246,9 @@ class DevCluster:
         refuses gates in both the flag and the Configuration's `featureGates`). `extra_crds`: also
         install the CRDs of kinds no controller here runs (ServiceMonitor, Argo CD, Flux, the
         manager kinds of the actuator table); without them the control plane is lighter and
-        Kueue sets up no integration for those kinds."""
+        Kueue sets up no integration for those kinds. `metrics_store`: what the `prometheus` addon
+        runs to scrape and answer queries, Prometheus or VictoriaMetrics' single-node server (the
+        same scrape configuration, the same port and state.prometheus_url)."""
         state_dir = state_dir or default_state_dir()
         existing = cls.attach(state_dir)
         if existing is not None:
@@ -250,12 +257,16 @@ class DevCluster:
         unknown = set(addons) - set(ALL_ADDONS)
         if unknown:
             raise ValueError(f"unknown addon(s) {sorted(unknown)}; expected some of {list(ALL_ADDONS)}")
+        if metrics_store not in victoriametrics.METRICS_STORES:
+            raise ValueError(
+                f"metrics store {metrics_store!r}: expected one of {list(victoriametrics.METRICS_STORES)}"
+            )
         tools = Toolchain.locate()
         needed = ["etcd", "kube_apiserver", "kube_controller_manager", "kube_scheduler", "kwok"]
         needed += EXTRA_CRD_DIRS if extra_crds else []
         needed += ["kueue"] if "kueue" in addons else []
         needed += ["kyverno_admission", "kyverno_background"] if "kyverno" in addons else []
-        needed += ["prometheus"] if "prometheus" in addons else []
+        needed += [metrics_store] if "prometheus" in addons else []
         needed += ["kubelet", "containerd", "ctr", "runc", "containerd_shim"] if real_node else []
         missing = tools.missing(*needed)
         if missing:
@@ -275,6 +286,7 @@ class DevCluster:
             kueue_overrides=kueue_overrides,
             kueue_feature_gates=kueue_feature_gates,
             extra_crds=extra_crds,
+            metrics_store=metrics_store,
         )
         try:
             state = starter.run()
@@ -360,8 +372,10 @@ class _Starter:
         kueue_overrides: Mapping[str, Any] | None = None,
         kueue_feature_gates: Mapping[str, bool] | None = None,
         extra_crds: bool = True,
+        metrics_store: str = victoriametrics.PROMETHEUS,
     ) -> None:
         self.dir = state_dir
+        self.metrics_store = metrics_store
         self.extra_crds = extra_crds
         self.kueue_overrides = dict(kueue_overrides or {})
         self.kueue_feature_gates = dict(kueue_feature_gates or {})
@@ -395,6 +409,7 @@ class _Starter:
             addons=list(addons),
             nodes=[n.name for n in nodes],
             kueue_version=tools.kueue_version if "kueue" in addons else None,
+            metrics_store=metrics_store,
         )
         self.t0 = time.monotonic()
 
@@ -781,6 +796,12 @@ class _Starter:
         targets = self.dir / SCRAPE_TARGETS_DIR
         (targets / components.TENANT_PODS_DIR).mkdir(parents=True)
         config = components.prometheus_config(dport, targets, prometheus_port=pport)
+        if self.metrics_store == victoriametrics.VICTORIAMETRICS:
+            cfg = self.dir / "victoriametrics-scrape.yml"
+            cfg.write_text(yaml.safe_dump(victoriametrics.scrape_config(config), sort_keys=True))
+            argv = victoriametrics.argv(self.tools.victoriametrics, cfg, self.dir / "victoriametrics", pport)
+            self._prom_rec = self._start("victoriametrics", argv)
+            return
         cfg.write_text(yaml.safe_dump(config, sort_keys=True))
         self._prom_rec = self._start(
             "prometheus",
@@ -951,7 +972,7 @@ class _Starter:
             self._mark("kyverno")
         if "prometheus" in self.addons:
             procs.wait_for(
-                "prometheus /-/ready",
+                f"{self.metrics_store} /-/ready",
                 lambda: httpx.get(f"{self.state.prometheus_url}/-/ready", timeout=2).status_code == 200,
                 60,
                 self._prom_rec,
@@ -962,7 +983,7 @@ class _Starter:
                 30,
                 self._dcgm_rec,
             )
-            self._mark("prometheus + fake dcgm-exporter")
+            self._mark(f"{self.metrics_store} + fake dcgm-exporter")
 
 
 def status_lines(state: ClusterState | None) -> list[str]:
@@ -977,7 +998,7 @@ def status_lines(state: ClusterState | None) -> list[str]:
     if state.kueue_version:
         lines.append(f"kueue: {state.kueue_version}")
     if "prometheus" in state.addons:
-        lines += [f"prometheus: {state.prometheus_url}", f"fake dcgm-exporter: {state.dcgm_url}"]
+        lines += [f"{state.metrics_store}: {state.prometheus_url}", f"fake dcgm-exporter: {state.dcgm_url}"]
     for p in state.processes:
         lines.append(f"  {p.name:<26} pid {p.pid:<8} {'running' if run[p.name] else 'STOPPED'}  log {p.log}")
     lines.append(f"nodes: {', '.join(state.nodes)}")

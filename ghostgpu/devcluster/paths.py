@@ -86,6 +86,7 @@ class Toolchain:
     kyverno_background: Path
     kyverno_crd_dir: Path
     prometheus: Path
+    victoriametrics: Path
     monitoring_crd_dir: Path
     argocd_crd_dir: Path
     flux_crd_dir: Path
@@ -108,6 +109,7 @@ class Toolchain:
         kv = kueue_version(v)
         kueue = r / f"kueue-{kv}"
         kyv = r / f"kyverno-{v['KYVERNO_VERSION']}"
+        vm = r / f"victoriametrics-{v['VICTORIAMETRICS_VERSION']}"
         runtime = r / "node-runtime-apt" / "bin"  # the real node's containerd, runc, CNI loopback
         return cls(
             etcd=r / f"etcd-{v['ETCD_VERSION']}" / "bin" / "etcd",
@@ -125,6 +127,7 @@ class Toolchain:
             kyverno_background=kyv / "bin" / "kyverno-background",
             kyverno_crd_dir=kyv / "crds",
             prometheus=r / "prometheus-apt" / "bin" / "prometheus",
+            victoriametrics=vm / "bin" / "victoria-metrics",
             monitoring_crd_dir=r / f"monitoring-crds-{v['PROMETHEUS_OPERATOR_VERSION']}" / "crds",
             argocd_crd_dir=r / f"argocd-{v['ARGOCD_VERSION']}" / "crds",
             flux_crd_dir=r / f"flux-kustomize-{v['FLUX_KUSTOMIZE_VERSION']}" / "crds",

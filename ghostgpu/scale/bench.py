@@ -9,7 +9,6 @@ import asyncio
 import gc
 import json
 import os
-import re
 import statistics
 import subprocess
 import sys
@@ -17,6 +16,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +29,7 @@ from ghostgpu.devcluster import procs
 from ghostgpu.devcluster.cluster import DevCluster
 from ghostgpu.devcluster.nodes import GpuNodeSpec
 from ghostgpu.devcluster.paths import REPO_ROOT
+from ghostgpu.scale import backends
 from ghostgpu.scale.exporter import SCRAPE_INTERVAL, start_metrics
 from ghostgpu.scale.fleet import GPUS_PER_NODE, FleetSpec, KubeHTTP, ensure_base, grow_pods, pod_uids
 from ghostgpu.signals.utilization import PodKey, QuerySpec, every_signal_query
@@ -85,6 +86,10 @@ class SizeResult:
     # after the agent-mode run against the same fleet; its last poll's verdict states beside it.
     exec_mode: Side | None = None
     exec_states: dict[str, int] = field(default_factory=dict)
+    # The store every figure above was measured against, and per backend (--backend, that one
+    # first) the agent-mode controller against it (ghostgpu.scale.backends).
+    backend: str = "prometheus"
+    backends: dict[str, backends.BackendResult] = field(default_factory=dict)
 
     @property
     def exec_cpu_per_candidate_s(self) -> float | None:
@@ -120,6 +125,8 @@ class BenchConfig:
     # The controller's apiserver budget (controller.apiserver; the bench keeps the defaults).
     qps: float = 20.0
     burst: int = 30
+    # The metrics stores measured (ghostgpu.scale.backends): the first in full, the others again.
+    backends: Sequence[str] = ("prometheus",)
 
     def __post_init__(self) -> None:
         if not self.nodes:
@@ -218,7 +225,9 @@ def budget_check(times: Sequence[float], qps: float) -> dict[str, float]:
     }
 
 
-def controller_config(prom_url: str, window: int, process_source: str = "agent") -> dict[str, Any]:
+def controller_config(
+    prom_url: str, window: int, process_source: str = "agent", backend: str | None = None
+) -> dict[str, Any]:
     """examples/ghostgpu.yaml (flavors known, so no Kueue discovery per poll) with the controller
     section the bench needs: shadow mode, a 1 s poll interval, no start-up grace, and the process
     source measured (agent: the exporter's agent series; exec: kwok answers `ps` with the fleet's
@@ -235,15 +244,7 @@ def controller_config(prom_url: str, window: int, process_source: str = "agent")
         # The bench's Prometheus scrapes every SCRAPE_INTERVAL (exporter.start_metrics).
         "metrics": {**(doc.get("controller") or {}).get("metrics", {}), "scrapeInterval": SCRAPE_INTERVAL},
     }
-    return dict(doc)
-
-
-def _prom_counter(prom_url: str, handler: str) -> float:
-    text = httpx.get(f"{prom_url}/metrics", timeout=10).text
-    pat = re.compile(
-        r'^prometheus_http_requests_total\{[^}]*handler="' + re.escape(handler) + r'"[^}]*\} (\S+)$'
-    )
-    return sum(float(m.group(1)) for line in text.splitlines() if (m := pat.match(line)))
+    return backends.with_backend(dict(doc), backend or backends.backend_at(prom_url))
 
 
 async def _apiserver_exec_total(kube: KubeHTTP) -> float:
@@ -265,10 +266,10 @@ def _wait_series(prom_url: str, n: int, log: Log, timeout: float = 300) -> None:
             res = r.json()["data"]["result"]
             have = float(res[0]["value"][1]) if res else 0.0
             if have >= n:
-                log(f"[bench] Prometheus holds {have:.0f} utilization series")
+                log(f"[bench] the metrics store holds {have:.0f} utilization series")
                 return
         time.sleep(2)
-    raise TimeoutError(f"Prometheus has {have:.0f} of {n} series after {timeout:.0f}s")
+    raise TimeoutError(f"the metrics store has {have:.0f} of {n} series after {timeout:.0f}s")
 
 
 def _run(argv: list[str], log_file: Path, timeout: float) -> None:
@@ -369,6 +370,7 @@ async def _bench(cfg: BenchConfig, log: Log) -> list[SizeResult]:
     fleet_file.write_text("[]")
     metric_procs, exporter_url, prom_url = start_metrics(state, fleet_file, scrape_interval=SCRAPE_INTERVAL)
     kube = KubeHTTP(cluster.state.server, Path(cluster.state.state_dir) / "pki")
+    stores = backends.Stores(state, exporter_url, metric_procs[-1], prom_url, log)
     results: list[SizeResult] = []
     try:
         procs.wait_for(
@@ -395,14 +397,26 @@ async def _bench(cfg: BenchConfig, log: Log) -> list[SizeResult]:
             ]
             fleet_file.write_text(json.dumps(rows))
             httpx.post(f"{exporter_url}/reload", timeout=120).raise_for_status()
+            prom_url = stores.use(cfg.backends[0], SCRAPE_INTERVAL)
             _wait_series(prom_url, n, log)
             res = await _measure(cfg, spec, n, cluster, kube, prom_url, log)
             res.floor_s = await asyncio.to_thread(_floor, cfg, spec, n, prom_url)
             log(f"[bench] N={n}: floor of one poll {res.floor_s:.4f} s CPU")
             results.append(res)
+            res.backends = await backends.measure_backends(
+                cfg.backends,
+                stores,
+                res,
+                spec,
+                SCRAPE_INTERVAL,
+                wait_series=partial(_wait_series, n=n, log=log),
+                controller_run=partial(_controller_run, cfg, n, "agent", cluster, kube, log=log),
+                controller_config=partial(controller_config, window=cfg.window),
+            )
             log(f"[bench] N={n}: {json.dumps(asdict(results[-1]))}")
     finally:
         await kube.aclose()
+        stores.stop()
         for p in reversed(metric_procs):
             procs.stop(p)
         if not cfg.keep_cluster:
@@ -445,26 +459,35 @@ class _ControllerRun:
 
 
 async def _controller_run(
-    cfg: BenchConfig, n: int, source: str, cluster: DevCluster, kube: KubeHTTP, prom_url: str, log: Log
+    cfg: BenchConfig,
+    n: int,
+    source: str,
+    cluster: DevCluster,
+    kube: KubeHTTP,
+    prom_url: str,
+    log: Log,
+    backend: str | None = None,
 ) -> _ControllerRun:
     """The controller, started fresh, for window + 1 + steady polls with the given process source."""
     state = cfg.state_dir
-    conf = state / f"ghostgpu-{n}-{source}.yaml"
-    conf.write_text(yaml.safe_dump(controller_config(prom_url, cfg.window, source), sort_keys=False))
-    out = state / f"controller-{n}-{source}.jsonl"
+    backend = backend or backends.backend_at(prom_url)
+    tag = f"{n}-{source}" + ("" if backend == "prometheus" else f"-{backend}")
+    conf = state / f"ghostgpu-{tag}.yaml"
+    conf.write_text(yaml.safe_dump(controller_config(prom_url, cfg.window, source, backend), sort_keys=False))
+    out = state / f"controller-{tag}.jsonl"
     out.unlink(missing_ok=True)
     prom_port = int(prom_url.rsplit(":", 1)[1])
-    q0, e0 = _prom_counter(prom_url, "/api/v1/query"), await _apiserver_exec_total(kube)
+    q0, e0 = backends.queries_served(prom_url), await _apiserver_exec_total(kube)
     polls = cfg.window + 1 + cfg.steady_polls
     log(f"[bench] N={n}: controller in {source} mode, {polls} polls")
     argv = [sys.executable, "-m", "ghostgpu.scale.probe", f"--config={conf}"]
     argv += [f"--kubeconfig={cluster.kubeconfig}", f"--polls={polls}", f"--out={out}"]
     argv += [f"--prom-port={prom_port}", f"--port={procs.free_port()}"]
-    argv += [f"--decision-log={state / f'decisions-{n}-{source}.jsonl'}"]
+    argv += [f"--decision-log={state / f'decisions-{tag}.jsonl'}"]
     t0 = time.time()
     await asyncio.to_thread(_run, argv, state / "probe.log", 3600)
     t1 = time.time()
-    q1, e1 = _prom_counter(prom_url, "/api/v1/query"), await _apiserver_exec_total(kube)
+    q1, e1 = backends.queries_served(prom_url), await _apiserver_exec_total(kube)
     crows = _rows(out)
     failures = [(r["poll"], r.get("process_failures")) for r in crows if r.get("process_failures")]
     log(f"[bench] N={n}: {source} mode, process-signal failures (poll, reason: count): {failures or 'none'}")
@@ -502,10 +525,21 @@ async def _controller_run(
 
 
 async def _measure(
-    cfg: BenchConfig, spec: FleetSpec, n: int, cluster: DevCluster, kube: KubeHTTP, prom_url: str, log: Log
+    cfg: BenchConfig,
+    spec: FleetSpec,
+    n: int,
+    cluster: DevCluster,
+    kube: KubeHTTP,
+    prom_url: str,
+    log: Log,
+    backend: str | None = None,
 ) -> SizeResult:
     state = cfg.state_dir
-    runs = {src: await _controller_run(cfg, n, src, cluster, kube, prom_url, log) for src in PROCESS_SOURCES}
+    backend = backend or backends.backend_at(prom_url)
+    runs = {
+        src: await _controller_run(cfg, n, src, cluster, kube, prom_url, log, backend)
+        for src in PROCESS_SOURCES
+    }
     agent, exec_ = runs["agent"], runs["exec"]
     nout = state / f"naive-{n}.jsonl"
     nout.unlink(missing_ok=True)
@@ -534,6 +568,7 @@ async def _measure(
         server_side=agent.server_side,
         exec_mode=exec_.side,
         exec_states=exec_.rows[-1]["states"],
+        backend=backend,
     )
 
 
@@ -558,5 +593,9 @@ def from_json(data: dict[str, Any]) -> list[SizeResult]:
         r["ghostgpu"], r["naive"] = Side(**r["ghostgpu"]), Side(**r["naive"])
         if r.get("exec_mode") is not None:
             r["exec_mode"] = Side(**r["exec_mode"])
+        r["backends"] = {
+            k: backends.BackendResult(**{**b, "ghostgpu": Side(**b["ghostgpu"])})
+            for k, b in r.get("backends", {}).items()
+        }
         out.append(SizeResult(**r))
     return out

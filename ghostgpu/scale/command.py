@@ -6,6 +6,7 @@ import json
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from ghostgpu.scale.backends import backends_markdown
 from ghostgpu.scale.bench import BenchConfig, from_json, run_scale, to_json
 from ghostgpu.scale.report import (
     budget_markdown,
@@ -30,6 +31,7 @@ def run_scale_command(
     from_json_file: Path | None,
     plot_path: Path | None,
     echo: Callable[[str], None] = print,
+    backends: Sequence[str] = ("prometheus",),
 ) -> int:
     if from_json_file is not None:
         text = from_json_file.read_text()  # a missing file: FileNotFoundError, named by the boundary
@@ -53,6 +55,7 @@ def run_scale_command(
             steady_polls=steady_polls,
             naive_sample=naive_sample,
             state_dir=state_dir,
+            backends=tuple(backends),
         )
         results = run_scale(cfg)
         data = to_json(results, cfg)
@@ -89,6 +92,13 @@ def run_scale_command(
         "verdict is not written):\n"
     )
     echo(warmup_markdown(results))
+    if any(r.backends for r in results):
+        echo(
+            f"Metrics stores (the tables above: {results[0].backend}): the agent-mode controller's "
+            "steady poll against each, the poll's query as the store answers it (median of 3) and "
+            "the store's memory after the run:\n"
+        )
+        echo(backends_markdown(results))
     ok = True
     for name, met, evidence in targets(results):
         echo(f"- [{'x' if met else ' '}] {name}: {evidence}")

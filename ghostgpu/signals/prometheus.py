@@ -30,6 +30,15 @@ def newest_sample_time(metrics: Sequence[str], matchers: str, by: str, at: float
     return f"max by ({by}) ({' or '.join(tagged)})"
 
 
+# Sent with every query. VictoriaMetrics answers a query for a time within -search.latencyOffset
+# (default 30 s) of its clock as of that much earlier, with the answer's timestamps moved forward
+# to the time asked: a workload busy again for the last 30 s would still read idle, yet look fresh.
+# `nocache=1` turns that off (every release since 2019; `latency_offset` refuses 0), at the price
+# of its rollup cache, which an instant query over a window of seconds does not use. Prometheus,
+# Thanos and Mimir ignore a parameter they do not know (docs/victoriametrics.md).
+QUERY_PARAMS = {"nocache": "1"}
+
+
 class PrometheusError(Exception):
     """A query failed as a whole; `failure` is what every affected workload records."""
 
@@ -55,6 +64,12 @@ def vector_result(body: Any) -> list[Any]:
     if body.get("status") != "success":
         err = f"{body.get('errorType', 'unknown')}: {body.get('error', 'no error text')}"
         raise PrometheusError(FailureReason.HTTP_ERROR, f"prometheus status {body.get('status')!r} {err}")
+    if body.get("isPartial", False) is not False:
+        # VictoriaMetrics' vmselect answers without the series of a storage node it could not
+        # reach: a busy GPU's series missing beside an idle one's of the same pod would read idle.
+        raise PrometheusError(
+            FailureReason.OTHER, "partial answer (isPartial): a storage node did not answer"
+        )
     data = body.get("data")
     if not isinstance(data, dict) or data.get("resultType") != "vector":
         raise PrometheusError(FailureReason.PARSE_ERROR, "expected data.resultType == 'vector'")
@@ -87,6 +102,9 @@ def iter_vector(result: list[Any]) -> Iterator[tuple[float, dict[str, str], floa
 # a JSON string (it is escaped), so `},{"metric":` occurs only between two items, and `"]}]` only
 # where the last item's value, the item and the array end.
 _VECTOR_HEAD = b'{"status":"success","data":{"resultType":"vector","result":['
+# VictoriaMetrics' cluster (vmselect) says whether every storage node answered; only a whole
+# answer is read a slice at a time (a partial one fails in vector_result).
+_WHOLE_VECTOR_HEAD = b'{"status":"success","isPartial":false,"data":{"resultType":"vector","result":['
 _BETWEEN_ITEMS = b'},{"metric":'
 _LAST_ITEM_END = b'"]}]'
 CHUNK_BYTES = 1 << 18  # ~2,500 series parsed at a time
@@ -102,10 +120,11 @@ def iter_answer(
     iter_vector's: a malformed item or envelope fails the whole answer (PARSE_ERROR)."""
     end = content.rfind(_LAST_ITEM_END) + 3  # just past the last item's closing brace
     tail = content[end + 1 :]
-    if not content.startswith(_VECTOR_HEAD) or end < len(_VECTOR_HEAD) or not _valid_tail(tail):
+    head = next((h for h in (_VECTOR_HEAD, _WHOLE_VECTOR_HEAD) if content.startswith(h)), None)
+    if head is None or end < len(head) or not _valid_tail(tail):
         yield from iter_vector(vector_result(_loads(content)))
         return
-    pos = len(_VECTOR_HEAD)
+    pos = len(head)
     while pos < end:
         cut = content.find(_BETWEEN_ITEMS, pos + chunk_bytes, end)
         cut = end if cut < 0 else cut + 1  # the slice ends with an item's closing brace
@@ -196,7 +215,7 @@ class PrometheusClient:
     ) -> bytes:
         """Run one instant query; the undecoded body of a 200 (see iter_answer). With `max_bytes`,
         a longer answer is cut off as it arrives and fails (never held whole)."""
-        form = {"query": promql}
+        form = {"query": promql, **QUERY_PARAMS}
         if at is not None:
             form["time"] = f"{at:.3f}"
         try:

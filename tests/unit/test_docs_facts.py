@@ -59,6 +59,9 @@ MENTIONS: list[tuple[str, str]] = [
     ("JOBSET_VERSION", rf"(?:sigs\.k8s\.io/jobset`|JobSet) {V}"),
     ("TRAINER_VERSION", rf"(?:trainer/v2`|Kubeflow Trainer) {V}"),
     ("TRAINING_OPERATOR_VERSION", rf"(?:PyTorchJob \(|Training Operator ){V}"),
+    ("VICTORIAMETRICS_VERSION", rf"VictoriaMetrics \| {V}"),
+    ("VICTORIAMETRICS_VERSION", rf"VictoriaMetrics {V}"),
+    ("VICTORIAMETRICS_VERSION", rf"victoriametrics-{V}/"),
 ]
 
 
