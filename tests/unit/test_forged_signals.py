@@ -242,7 +242,7 @@ def test_every_selector_of_the_query_names_its_source() -> None:
     agent_sel = 'job=~"ghostgpu-agent", namespace=~"ghostgpu-agent", tracked_namespace=~"team-a"'
     for metric in ("DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_XID_ERRORS"):
         assert q.count(f"{metric}{{") == q.count(f"{metric}{{{dcgm}")
-    for metric in ("processes", "program", "scan_timestamp_seconds", "unseen"):
+    for metric in ("processes", "scan_timestamp_seconds", "unseen"):
         name = f"ghostgpu_agent_container_{metric}"
         assert q.count(f"{name}{{") == q.count(f"{name}{{{agent_sel}") > 0
     # samples ahead: the newest sample up to 4 minutes past now, newer than now + the skew; each
