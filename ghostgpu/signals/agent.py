@@ -102,12 +102,9 @@ def query_parts(
     sel = "{" + inner + "}"
 
     def part(expr: str, agg: str, by: str, kind: str) -> str:
-        return (
-            f"label_replace({agg} by ({by}) (({expr}) and on({_ON}) ({on})), "
-            f'"{field_label}", "{kind}", "", "")'
-        )
+        return f'label_replace({agg} by ({by}) ({expr}), "{field_label}", "{kind}", "", "")'
 
-    parts = [
+    each = [
         part(
             f"max_over_time({PROCESSES_METRIC}{sel}[{window}])",
             "max",
@@ -117,17 +114,19 @@ def query_parts(
         part(f"min_over_time({SCAN_METRIC}{sel}[{window}])", "min", _KEY, SCAN_FIELD),
         part(f"max_over_time({UNSEEN_METRIC}{sel}[{window}]) == 1", "max", f"{_KEY}, reason", UNSEEN_FIELD),
     ]
+    # One `and on(...)` for the three: `zero` is the utilization expression, which Prometheus
+    # evaluates again wherever the query names it.
+    parts = [f"({' or '.join(each)}) and on({_ON}) ({on})"]
     if ahead is not None:
         # The scan time and the live roles' counts (work, timer, session: what keeps a workload
-        # alive) are what a forger must write ahead to make a busy container look finished. One
-        # part each, not every agent series: at 10,000 containers the processes series of all six
-        # roles cost Prometheus 4x these two.
+        # alive) are what a forger must write ahead to make a busy container look finished: one
+        # selector for both (a series without a role is a scan time), not every agent series.
         at, after = ahead
-        for metric, extra in ((SCAN_METRIC, ""), (PROCESSES_METRIC, f', role=~"{LIVE_ROLES}"')):
-            newest = f"max by ({_ON}) (timestamp({metric}{{{inner}{extra}}} @ {at:.3f})) > {after:.3f}"
-            newest = f'label_replace({newest}, "{namespace_label}", "$1", "{TRACKED_NAMESPACE}", "(.*)")'
-            newest = f'label_replace({newest}, "{pod_label}", "$1", "{TRACKED_POD}", "(.*)")'
-            parts.append(f'label_replace({newest}, "{field_label}", "{ahead_field}", "", "")')
+        both = f'__name__=~"{SCAN_METRIC}|{PROCESSES_METRIC}", {inner}, role=~"|{LIVE_ROLES}"'
+        newest = f"max by ({_ON}) (timestamp({{{both}}} @ {at:.3f})) > {after:.3f}"
+        newest = f'label_replace({newest}, "{namespace_label}", "$1", "{TRACKED_NAMESPACE}", "(.*)")'
+        newest = f'label_replace({newest}, "{pod_label}", "$1", "{TRACKED_POD}", "(.*)")'
+        parts.append(f'label_replace({newest}, "{field_label}", "{ahead_field}", "", "")')
     return parts
 
 
