@@ -124,16 +124,20 @@ for i in range(scans + 1):
     c0, t0 = time.process_time(), time.perf_counter()
     r = scan_node(pods, Path("/proc"), policy, is_gpu, now=time.time())
     exporter.publish(ScanResult(r.timestamp, r.containers, r.scanned_pids, time.perf_counter() - t0))
-    body = len(generate_latest(exporter.registry))
+    text = generate_latest(exporter.registry)
+    body = len(text)
     if i:  # the first scan warms the caches (imports, regexes): a steady interval is the rest
         cpu.append(time.process_time() - c0)
         wall.append(time.perf_counter() - t0)
     pids, tracked = r.scanned_pids, len(r.containers)
     seen = sum(1 for v in r.containers.values() if hasattr(v, "counts"))
+# what Prometheus stores of the last scan: the per-container series (no zero-valued role series)
+series = sum(1 for line in text.decode().splitlines() if line.startswith("ghostgpu_agent_container_"))
 print(json.dumps({
     "cpu_per_scan_ms": 1000 * sorted(cpu)[len(cpu) // 2],
     "wall_per_scan_ms": 1000 * sorted(wall)[len(wall) // 2],
     "scanned_pids": pids, "tracked": tracked, "seen": seen, "metrics_bytes": body,
+    "container_series": series, "series_per_container": round(series / tracked, 3) if tracked else None,
     "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
 }))
 """

@@ -1158,6 +1158,58 @@ class DecisionLogConfig(Model):
     )
 
 
+class ResourceAmounts(Model):
+    """CPU and memory of one container; an amount left unset is not written."""
+
+    cpu: Quantity | None = Field(None, description="CPU in cores (100m, 1); unset: none written")
+    memory: Quantity | None = Field(None, description="memory in bytes (320Mi, 1Gi); unset: none written")
+
+
+class ContainerResources(Model):
+    """A container's requests and limits, written into its pod template as they are given."""
+
+    requests: ResourceAmounts = Field(
+        default_factory=ResourceAmounts, description="what the scheduler reserves on the node"
+    )
+    limits: ResourceAmounts = Field(
+        default_factory=ResourceAmounts,
+        description="the most the container may use (over the memory limit it is OOM-killed)",
+    )
+
+    @model_validator(mode="after")
+    def _limits_cover_requests(self) -> ContainerResources:
+        for name in ("cpu", "memory"):
+            want, most = getattr(self.requests, name), getattr(self.limits, name)
+            if want is not None and most is not None and most.value < want.value:
+                raise ValueError(f"limits.{name} ({most}) is less than requests.{name} ({want})")
+        return self
+
+    def manifest(self) -> dict[str, dict[str, str]]:
+        """The pod template's `resources`: the amounts that are set."""
+        out = {}
+        for part in ("requests", "limits"):
+            amounts = {k: str(v) for k, v in getattr(self, part).model_dump().items() if v is not None}
+            if amounts:
+                out[part] = amounts
+        return out
+
+
+# Measured by `ghostgpu bench scale` (docs/scale.md#sizing): the controller's peak RSS at 50,000
+# tracked pods is under 300 MB; the limit leaves it ~1.9x, so a fleet of that size is not
+# OOM-killed. No CPU limit: a throttled controller only polls slower (its first-verdict poll at
+# 50,000 pods takes seconds of CPU), and the request covers the steady polls.
+CONTROLLER_RESOURCES = ContainerResources(
+    requests=ResourceAmounts(cpu=Quantity("100m"), memory=Quantity("320Mi")),
+    limits=ResourceAmounts(memory=Quantity("512Mi")),
+)
+# The node agent on a node of 110 pods (docs/agent.md, "The agent's own cost"): 35-300 ms of CPU
+# per 15 s scan, 61-70 MiB peak RSS.
+AGENT_RESOURCES = ContainerResources(
+    requests=ResourceAmounts(cpu=Quantity("10m"), memory=Quantity("64Mi")),
+    limits=ResourceAmounts(cpu=Quantity("200m"), memory=Quantity("128Mi")),
+)
+
+
 class ControllerConfig(Model):
     """Everything `ghostgpu controller` needs; rendered into controller/configmap.yaml."""
 
@@ -1180,6 +1232,16 @@ class ControllerConfig(Model):
         le=10,
         description="Controller replicas; one leader acts and writes, the others keep their caches "
         "warm to take over.",
+    )
+    resources: ContainerResources = Field(
+        default_factory=lambda: CONTROLLER_RESOURCES,
+        description="The controller container's requests and limits. The default holds a fleet of "
+        "50,000 tracked GPU pods with margin; docs/scale.md#sizing gives CPU and memory by fleet size.",
+    )
+    agent_resources: ContainerResources = Field(
+        default_factory=lambda: AGENT_RESOURCES,
+        description="The node agent container's requests and limits (processSource: agent); its "
+        "cost grows with the node's process count (docs/agent.md).",
     )
     port: int = Field(8080, ge=1024, le=65535, description="serves /metrics, /healthz, /readyz")
     lease_name: Name = Field(

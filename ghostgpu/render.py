@@ -641,6 +641,8 @@ def _agent_config(cfg: c.GhostgpuConfig) -> dict[str, Any]:
     flavor names a device class, so a file that does not use DRA renders the ConfigMap it did
     before DRA support (the agent reads neither)."""
     data = cfg.model_dump(by_alias=True, mode="json")
+    for key in POD_TEMPLATE_KEYS:
+        del data["controller"][key]
     if not data["controller"]["draFlavors"]:
         del data["controller"]["draFlavors"]
     if not cfg.dra_classes:
@@ -650,6 +652,11 @@ def _agent_config(cfg: c.GhostgpuConfig) -> dict[str, Any]:
     else:
         _drop_unset_extended(data["deviceClasses"])
     return data
+
+
+# Keys the render writes into pod templates and no process reads: left out of the ConfigMaps, so
+# that resizing a container changes its pod template only.
+POD_TEMPLATE_KEYS = ("resources", "agentResources")
 
 
 def _drop_unset_extended(entries: list[dict[str, Any]]) -> None:
@@ -678,6 +685,7 @@ def _agent_context(cfg: c.GhostgpuConfig) -> dict[str, Any]:
         # not on every quota change.
         "agent_config_hash": hashlib.sha256(read_by_agent.encode()).hexdigest()[:16],
         "agent_port": AGENT_PORT,
+        "agent_resources": cfg.controller.agent_resources.manifest(),
         "agent_uid": AGENT_UID,
         "agent_node_terms": _agent_node_terms(cfg),
         "agent_tolerations": _agent_tolerations(cfg),
@@ -689,6 +697,8 @@ def _controller_config(cfg: c.GhostgpuConfig) -> dict[str, Any]:
     ResourceClaims (draFlavors); the key is left out while no flavor names a device class."""
     ctrl = cfg.controller.model_copy(update={"dra_flavors": cfg.dra_flavors()})
     data = ctrl.model_dump(by_alias=True, mode="json")
+    for key in POD_TEMPLATE_KEYS:
+        del data[key]
     if not data["draFlavors"]:
         del data["draFlavors"]
     else:
@@ -755,6 +765,7 @@ def _controller_context(cfg: c.GhostgpuConfig) -> dict[str, Any]:
         "selector": {"app.kubernetes.io/name": "ghostgpu-controller"},
         "image": ctrl.image,
         "replicas": ctrl.replicas,
+        "resources": ctrl.resources.manifest(),
         "port": ctrl.port,
         "lease_name": ctrl.lease_name,
         "decision_log_claim": ctrl.decision_log.claim_name,

@@ -3,10 +3,15 @@
 Per container the agent saw (labels tracked_namespace, tracked_pod, tracked_uid,
 tracked_container: names of its own, so that no scrape overwrites them and its ServiceMonitor
 needs no honorLabels; ghostgpu.signals.agent reads them):
-- `ghostgpu_agent_container_processes{role}`: every role, 0 included (6 series);
-- `ghostgpu_agent_container_program{program}` = 1: the programs that keep it alive, sorted, the
-  first 4, each cut at 64 characters;
-- `ghostgpu_agent_container_scan_timestamp_seconds`: the unix time of the scan.
+- `ghostgpu_agent_container_scan_timestamp_seconds`: the unix time of the scan, for every container
+  the agent reports on: the presence series. With it fresh, a role without a series has no
+  processes; without it, the container was not seen (the controller fails the signal).
+- `ghostgpu_agent_container_processes{role, programs}`: the roles with processes only (no zero
+  series). A role that keeps the container alive (work, timer, session) carries in `programs` the
+  programs that keep it alive, sorted, the first 4, each cut at 64 characters, joined by a space
+  (a program name is the first word of a command line: it has no space); the other roles carry
+  none. The programs ride on the counts instead of series of their own: a busy container costs
+  Prometheus its live roles and the presence series (docs/agent.md#series).
 Per container it should see and cannot: `ghostgpu_agent_container_unseen{reason}` = 1 and the
 scan timestamp (how fresh that is), no processes series.
 The agent's own: `ghostgpu_agent_scan_duration_seconds` (histogram), `ghostgpu_agent_scanned_pids`,
@@ -27,10 +32,12 @@ from prometheus_client.registry import Collector
 from ghostgpu import __version__
 from ghostgpu.agent.idle_facts import IdleFactsCollector
 from ghostgpu.agent.scan import ScanResult, Seen, Unseen
-from ghostgpu.verdict import ProcessRole
+from ghostgpu.verdict import ProcessCounts, ProcessRole
 
 CONTAINER_LABELS = ("tracked_namespace", "tracked_pod", "tracked_uid", "tracked_container")
 ROLES = tuple(r.value for r in ProcessRole)
+# The roles that keep a container alive: their series name the programs (ProcessCounts.programs).
+LIVE_ROLES = frozenset({ProcessRole.WORK.value, ProcessRole.TIMER.value, ProcessRole.SESSION.value})
 MAX_PROGRAMS = 4
 MAX_PROGRAM_CHARS = 64
 # From a few ms (a quiet node) to seconds (10k processes on a busy one).
@@ -50,17 +57,14 @@ class _LastScan(Collector):
         yield info
         processes = GaugeMetricFamily(
             "ghostgpu_agent_container_processes",
-            "Processes of a GPU container by role (the verdict's ProcessPolicy), from the last scan.",
-            labels=[*CONTAINER_LABELS, "role"],
-        )
-        programs = GaugeMetricFamily(
-            "ghostgpu_agent_container_program",
-            "Programs that keep a GPU container alive (work, timer, session roles): first 4, sorted.",
-            labels=[*CONTAINER_LABELS, "program"],
+            "Processes of a GPU container by role (the verdict's ProcessPolicy), from the last scan: "
+            "roles with processes only; work, timer and session name the programs that keep it alive.",
+            labels=[*CONTAINER_LABELS, "role", "programs"],
         )
         stamp = GaugeMetricFamily(
             "ghostgpu_agent_container_scan_timestamp_seconds",
-            "Unix time of the scan a container's series come from.",
+            "Unix time of the scan a container's series come from (every container reported on: a "
+            "role without a series has no processes).",
             labels=list(CONTAINER_LABELS),
         )
         unseen = GaugeMetricFamily(
@@ -82,14 +86,20 @@ class _LastScan(Collector):
                     unseen.add_metric([*labels, outcome.value], 1)
                     continue
                 assert isinstance(outcome, Seen)
-                counts = outcome.counts
-                for role in ROLES:
-                    processes.add_metric([*labels, role], getattr(counts, role))
-                for program in exported_programs(counts.programs):
-                    programs.add_metric([*labels, program], 1)
+                for role, count, programs in role_series(outcome.counts):
+                    processes.add_metric([*labels, role, programs], count)
             scanned.add_metric([], r.scanned_pids)
             tracked.add_metric([], len(r.containers))
-        yield from (processes, programs, stamp, unseen, scanned, tracked)
+        yield from (processes, stamp, unseen, scanned, tracked)
+
+
+def role_series(counts: ProcessCounts) -> list[tuple[str, int, str]]:
+    """(role, count, programs label) of each role with processes, in ROLES order: what a seen
+    container exports beside its scan time (the bench's fake agent prints the same)."""
+    programs = " ".join(exported_programs(counts.programs))
+    return [
+        (role, n, programs if role in LIVE_ROLES else "") for role in ROLES if (n := getattr(counts, role))
+    ]
 
 
 def exported_programs(programs: tuple[str, ...]) -> list[str]:

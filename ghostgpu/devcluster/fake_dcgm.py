@@ -54,6 +54,9 @@ from typing import ClassVar
 import httpx
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from ghostgpu.agent.exporter import role_series
+from ghostgpu.verdict import ProcessCounts
+
 METRICS: dict[str, tuple[str, str]] = {
     # name: (type, help) as dcgm-exporter's default counters file declares them
     "DCGM_FI_DEV_GPU_UTIL": ("gauge", "GPU utilization (in %)."),
@@ -132,7 +135,6 @@ class GpuSample(BaseModel):
 AGENT_ROLES = ("work", "wrapper", "holder", "timer", "session", "defunct")
 AGENT_METRICS: dict[str, tuple[str, str]] = {
     "ghostgpu_agent_container_processes": ("gauge", "Processes of a tracked GPU container, by role."),
-    "ghostgpu_agent_container_program": ("gauge", "Programs that keep a container alive (1 each)."),
     "ghostgpu_agent_container_scan_timestamp_seconds": ("gauge", "Unix time of the container's scan."),
     "ghostgpu_agent_container_unseen": ("gauge", "A tracked container the agent cannot see, by reason."),
 }
@@ -169,13 +171,13 @@ class AgentContainer(BaseModel):
                 f'ghostgpu_agent_container_unseen{{{base},reason="{_escape(self.unseen)}"}} 1'
             )
             return out
-        for role in AGENT_ROLES:  # all six, 0 included: no series means not seen
+        # The agent's own contract (agent/exporter.role_series): the roles with processes, the
+        # live ones naming the programs; no series for a role means none beside a fresh scan time.
+        counts = ProcessCounts(**self.roles, programs=tuple(self.programs))
+        for role, n, programs in role_series(counts):
+            labels = f'{base},role="{role}",programs="{_escape(programs)}"'
             out["ghostgpu_agent_container_processes"].append(
-                f'ghostgpu_agent_container_processes{{{base},role="{role}"}} {self.roles.get(role, 0)}'
-            )
-        for program in sorted(self.programs)[:4]:
-            out["ghostgpu_agent_container_program"].append(
-                f'ghostgpu_agent_container_program{{{base},program="{_escape(program[:64])}"}} 1'
+                f"ghostgpu_agent_container_processes{{{labels}}} {n}"
             )
         ts = now if self.scan_timestamp is None else self.scan_timestamp
         out["ghostgpu_agent_container_scan_timestamp_seconds"].append(

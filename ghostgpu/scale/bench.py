@@ -73,8 +73,17 @@ class SizeResult:
     states: dict[str, int] = field(default_factory=dict)
     server_side: dict[str, float] = field(default_factory=dict)
     # The floor of one poll, measured in the same run on the same machine (floor_of_poll): CPU
-    # seconds to parse one Prometheus answer with every signal of all N pods and map each sample.
+    # seconds to parse one Prometheus answer with the reading, oldest sample time and GPU memory of
+    # all N pods (3 series per pod, fixed whatever the controller's query asks) and map each sample.
     floor_s: float | None = None
+    # Beside it, labelled apart: the same with the node agent's series of every pod's container.
+    floor_agent_s: float | None = None
+    # The bench's Prometheus at this N (querycost.py): best wall seconds of the poll's query in
+    # agent mode, without the agent's parts, and of the utilization expression alone; the agent's
+    # series per container; Prometheus's head series.
+    query_s: dict[str, float] = field(default_factory=dict)
+    agent_series: dict[str, Any] = field(default_factory=dict)
+    prometheus_series: float | None = None
     # The first-verdict poll (poll K) against the apiserver budget, client and server side.
     first_verdict: dict[str, Any] = field(default_factory=dict)
     budget: dict[str, Any] = field(default_factory=dict)
@@ -400,8 +409,10 @@ async def _bench(cfg: BenchConfig, log: Log) -> list[SizeResult]:
             prom_url = stores.use(cfg.backends[0], SCRAPE_INTERVAL)
             _wait_series(prom_url, n, log)
             res = await _measure(cfg, spec, n, cluster, kube, prom_url, log)
-            res.floor_s = await asyncio.to_thread(_floor, cfg, spec, n, prom_url)
-            log(f"[bench] N={n}: floor of one poll {res.floor_s:.4f} s CPU")
+            res.floor_s, res.floor_agent_s = await asyncio.to_thread(_floor, cfg, spec, n, prom_url)
+            log(f"[bench] N={n}: floors of one poll {res.floor_s:.4f} s, {res.floor_agent_s:.4f} s CPU")
+            await asyncio.to_thread(_prometheus_cost, res, cfg, spec, prom_url)
+            log(f"[bench] N={n}: query seconds {res.query_s}, agent series {res.agent_series}")
             results.append(res)
             res.backends = await backends.measure_backends(
                 cfg.backends,
@@ -424,16 +435,20 @@ async def _bench(cfg: BenchConfig, log: Log) -> list[SizeResult]:
     return results
 
 
-def _floor(cfg: BenchConfig, spec: FleetSpec, n: int, prom_url: str) -> float:
-    """Every signal of the N tracked pods (utilization, sample time, GPU memory, and the node
-    agent's processes by role, programs and scan time: every_signal_query with the agent's parts),
-    answered by the same Prometheus; the floor is parsing and mapping that answer. A fixed amount
-    of work, not the controller's own query: the controller asks for about one series per pod (and
-    the agent's only for the utilization-idle ones), and a floor that shrank with it would make a
-    smaller answer look like a slower controller."""
+def _controller(cfg: BenchConfig, prom_url: str) -> Any:
     from ghostgpu.config import ControllerConfig
 
-    controller = ControllerConfig.model_validate(controller_config(prom_url, cfg.window)["controller"])
+    return ControllerConfig.model_validate(controller_config(prom_url, cfg.window)["controller"])
+
+
+def _floor(cfg: BenchConfig, spec: FleetSpec, n: int, prom_url: str) -> tuple[float, float]:
+    """The floor: the reading, oldest sample time and GPU memory of the N tracked pods (3 series
+    per pod: every_signal_query), answered by the same Prometheus; parsing and mapping that answer.
+    A fixed amount of work, not the controller's own query: the controller asks for about one
+    series per pod, and a floor that shrank with it would make a smaller answer look like a slower
+    controller; nor one that grows with the series a design adds. Beside it, labelled apart, the
+    same with the node agent's series of every pod's container (every_signal_query(agent=True))."""
+    controller = _controller(cfg, prom_url)
     qspec = QuerySpec.from_preset(
         controller.metrics.active,
         max_sample_age=controller.stale_after.seconds,
@@ -442,9 +457,23 @@ def _floor(cfg: BenchConfig, spec: FleetSpec, n: int, prom_url: str) -> float:
         agent_source=controller.metrics.agent_source,
     )
     pods = [PodKey(spec.namespace(i), spec.pod(i)) for i in range(n)]
-    query = every_signal_query(qspec, pods, agent=True)
-    body = httpx.post(f"{prom_url}/api/v1/query", data={"query": query}, timeout=120).content
-    return round(floor_of_poll(body, pods), 5)
+    floors = []
+    for agent in (False, True):
+        query = every_signal_query(qspec, pods, agent=agent)
+        body = httpx.post(f"{prom_url}/api/v1/query", data={"query": query}, timeout=300).content
+        floors.append(round(floor_of_poll(body, pods), 5))
+    return floors[0], floors[1]
+
+
+def _prometheus_cost(res: SizeResult, cfg: BenchConfig, spec: FleetSpec, prom_url: str) -> None:
+    from ghostgpu.scale import querycost
+
+    controller = _controller(cfg, prom_url)
+    pods = [PodKey(spec.namespace(i), spec.pod(i)) for i in range(res.n)]
+    res.query_s = querycost.query_seconds(prom_url, controller, pods)
+    idle = {(spec.namespace(i), spec.pod(i)) for i in range(res.n) if spec.idle(i)}
+    res.agent_series = querycost.agent_series(prom_url, controller, idle.__contains__)
+    res.prometheus_series = querycost.head_series(prom_url)
 
 
 @dataclass

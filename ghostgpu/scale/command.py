@@ -14,6 +14,8 @@ from ghostgpu.scale.report import (
     floor_markdown,
     markdown,
     plot,
+    prometheus_markdown,
+    sizing_markdown,
     targets,
     warmup_markdown,
 )
@@ -71,10 +73,19 @@ def run_scale_command(
     echo(markdown(results))
     echo(
         "Agent mode against the floor of one poll, measured in the same run (parse one Prometheus "
-        "answer with every signal of all N pods, three dcgm series and the node agent's eight series "
-        "per pod, with orjson and map each sample to its pod; CPU seconds):\n"
+        "answer with the reading, oldest sample time and GPU memory of all N pods, 3 series per pod, "
+        "with orjson and map each sample to its pod; CPU seconds), and beside it, labelled apart, the "
+        "same answer with the node agent's series of every pod's container too:\n"
     )
     echo(floor_markdown(results))
+    echo(
+        "What the poll's query and the node agent cost the bench's Prometheus (series in its head "
+        "block; the agent's per-container series by container; each query's best wall time of 3 "
+        "rounds, sent in turn):\n"
+    )
+    echo(prometheus_markdown(results))
+    echo("Sizing, from the same run (agent mode):\n")
+    echo(sizing_markdown(results))
     echo(
         "Exec mode beside agent mode (the same controller with processSource: exec, `ps` exec'd into "
         "each idle candidate; extra CPU: exec mode's steady cycle minus agent mode's, per idle "

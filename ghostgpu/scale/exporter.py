@@ -1,7 +1,8 @@
 """The metrics source of the scale bench: an exporter that serves dcgm-exporter's series for N
 GPU pods (DCGM_FI_DEV_GPU_UTIL, DCGM_FI_DEV_FB_USED, DCGM_FI_DEV_XID_ERRORS with dcgm-exporter's
-label names) and the node agent's series for each pod's GPU container (`ghostgpu agent`: processes
-by role, the programs that keep it alive, the scan's timestamp), and the real Prometheus scraping it.
+label names) and the node agent's series for each pod's GPU container (`ghostgpu agent`: the scan's
+timestamp, the roles with processes and the programs that keep it alive), and the real Prometheus
+scraping it.
 
 The agent's series are what the node agent's collector (ghostgpu/agent/exporter.py) prints for the
 same processes: an idle pod's container holds only `sleep infinity` (fleet.IDLE_TABLE), a busy one a
@@ -29,12 +30,13 @@ from typing import Any, ClassVar
 
 import yaml
 
+from ghostgpu.agent.exporter import role_series
 from ghostgpu.devcluster import procs
 from ghostgpu.devcluster.paths import Toolchain
 from ghostgpu.scale.fleet import BUSY_TABLE, IDLE_TABLE
-from ghostgpu.signals.agent import PROCESSES_METRIC, PROGRAM_METRIC, ROLES, SCAN_METRIC
+from ghostgpu.signals.agent import PROCESSES_METRIC, PROGRAMS_LABEL, SCAN_METRIC
 from ghostgpu.signals.processes import parse_ps
-from ghostgpu.verdict import ProcessCounts, ProcessPolicy, count_roles
+from ghostgpu.verdict import ProcessPolicy, count_roles
 
 MODEL = "NVIDIA H100 80GB HBM3"
 CONTAINER = "main"  # fleet.pod_body's one container
@@ -74,23 +76,18 @@ def _agent_labels(row: list[Any]) -> str:
 
 def agent_exposition(rows: list[list[Any]]) -> bytes:
     """The node agents' per-container series for every pod, but the scan timestamps (`agent_scans`):
-    processes by role (all six, 0 included) and the programs that keep it alive, as the agent's
-    collector prints them for the same rows."""
+    the roles with processes, the live ones naming the programs that keep it alive, as the agent's
+    collector prints them for the same rows (`role_series`)."""
     policy = ProcessPolicy()
-    idle, busy = (count_roles(parse_ps(t), policy) for t in (IDLE_TABLE, BUSY_TABLE))
+    idle, busy = (role_series(count_roles(parse_ps(t), policy)) for t in (IDLE_TABLE, BUSY_TABLE))
     procs_lines: list[str] = []
-    prog_lines: list[str] = []
     for row in rows:
         labels = _agent_labels(row)
-        counts: ProcessCounts = idle if row[3] == 0 else busy
-        procs_lines += [f'{PROCESSES_METRIC}{{{labels},role="{r}"}} {getattr(counts, r)}' for r in ROLES]
-        prog_lines += [f'{PROGRAM_METRIC}{{{labels},program="{p}"}} 1' for p in counts.programs]
-    out = [
-        f"# TYPE {PROCESSES_METRIC} gauge",
-        *procs_lines,
-        f"# TYPE {PROGRAM_METRIC} gauge",
-        *prog_lines,
-    ]
+        series = idle if row[3] == 0 else busy
+        procs_lines += [
+            f'{PROCESSES_METRIC}{{{labels},role="{r}",{PROGRAMS_LABEL}="{p}"}} {n}' for r, n, p in series
+        ]
+    out = [f"# TYPE {PROCESSES_METRIC} gauge", *procs_lines]
     return ("\n".join(out) + "\n").encode()
 
 

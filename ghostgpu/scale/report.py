@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
+from ghostgpu.config import ControllerConfig
 from ghostgpu.extras import require
 from ghostgpu.scale.bench import SizeResult
 
@@ -15,6 +16,13 @@ CPU_10K_TARGET_S = 1.0  # the earlier absolute target at N = 10,000, kept as a n
 RSS_TARGET_MB = 300.0  # at most 300 MB (decimal megabytes: 286.1 MiB) at the largest N
 RSS_TARGET_MIB = RSS_TARGET_MB * 1e6 / 2**20
 EXTRA_REQUESTS = 5  # steady apiserver requests per poll: at most one per idle candidate + this
+# The node agent's series per busy GPU container, on average, in the bench's Prometheus.
+AGENT_SERIES_TARGET = 3.0
+# The poll's whole query against the same query without the agent's parts (utilization, sample
+# age, GPU memory, XIDs: what exec mode sends), on the same Prometheus at the largest N.
+QUERY_RATIO_TARGET = 1.5
+# A poll's wall time at the largest N under the default controller.pollInterval.
+DEFAULT_POLL_INTERVAL_S = ControllerConfig.model_fields["poll_interval"].default.seconds
 
 
 def _n(x: float) -> str:
@@ -60,21 +68,74 @@ def markdown(results: Sequence[SizeResult]) -> str:
 
 
 def floor_markdown(results: Sequence[SizeResult]) -> str:
-    """The controller against the floor of one poll measured in the same run."""
+    """The controller against the floor of one poll measured in the same run (3 series per pod),
+    and beside it the floor with the agent's series of every pod (labelled apart)."""
     lines = [
-        "| N pods (idle) | floor CPU s | CPU s/cycle | cycle ÷ floor | CPU s/poll | wall s/poll "
-        "| peak RSS MB | apiserver requests/poll | 5 + writes |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| N pods (idle) | floor CPU s | CPU s/cycle | cycle ÷ floor | floor with the agent's series CPU s "
+        "| cycle ÷ that floor | CPU s/poll | wall s/poll | peak RSS MB | apiserver requests/poll "
+        "| 5 + writes |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in results:
         g = r.ghostgpu
         floor = "—" if r.floor_s is None else f"{r.floor_s:.4f}"
         ratio = "—" if r.floor_ratio is None else f"{r.floor_ratio:.1f}x"
+        every = "—" if r.floor_agent_s is None else f"{r.floor_agent_s:.4f}"
+        every_ratio = (
+            "—"
+            if r.floor_agent_s is None or g.cycle_cpu_s is None
+            else f"{g.cycle_cpu_s / r.floor_agent_s:.1f}x"
+        )
         cycle = "—" if g.cycle_cpu_s is None else f"{g.cycle_cpu_s:.3f}"
         lines.append(
-            f"| {r.n:,} ({r.idle:,}) | {floor} | {cycle} | {ratio} | {g.cpu_s:.3f} | {g.wall_s:.3f} | "
-            f"{g.peak_rss_mib * 2**20 / 1e6:.0f} | {_n(g.apiserver_requests)} | "
-            f"{_n(EXTRA_REQUESTS + (g.writes or 0))} |"
+            f"| {r.n:,} ({r.idle:,}) | {floor} | {cycle} | {ratio} | {every} | {every_ratio} | "
+            f"{g.cpu_s:.3f} | {g.wall_s:.3f} | {g.peak_rss_mib * 2**20 / 1e6:.0f} | "
+            f"{_n(g.apiserver_requests)} | {_n(EXTRA_REQUESTS + (g.writes or 0))} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def _s(x: float | None, digits: int = 2) -> str:
+    return "—" if x is None else f"{x:.{digits}f}"
+
+
+def prometheus_markdown(results: Sequence[SizeResult]) -> str:
+    """What the poll's query and the node agent cost the bench's Prometheus (querycost.py)."""
+    lines = [
+        "| N pods (idle) | Prometheus head series | agent series | per container | per busy container "
+        "| per idle container | utilization alone s | query without the agent's parts s "
+        "| poll's query s | poll ÷ without the agent's |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in results:
+        a, q = r.agent_series or {}, r.query_s or {}
+        lines.append(
+            f"| {r.n:,} ({r.idle:,}) | {_n(r.prometheus_series) if r.prometheus_series else '—'} | "
+            f"{_n(a['series']) if a.get('series') else '—'} | {_s(a.get('per_container'))} | "
+            f"{_s(a.get('per_busy_container'))} | {_s(a.get('per_idle_container'))} | "
+            f"{_s(q.get('utilization'))} | {_s(q.get('without_agent'))} | {_s(q.get('poll'))} | "
+            f"{_ratio_of(q.get('poll'), q.get('without_agent'))} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def _ratio_of(a: float | None, b: float | None) -> str:
+    return "—" if a is None or not b else f"{a / b:.2f}x"
+
+
+def sizing_markdown(results: Sequence[SizeResult]) -> str:
+    """Pods → what the controller (agent mode) and Prometheus need, from the same run."""
+    lines = [
+        "| tracked GPU pods | controller CPU s per poll (cycle) | controller peak RSS MiB "
+        "| Prometheus head series | poll's query s | poll wall s |",
+        "|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in results:
+        g = r.ghostgpu
+        series = _n(r.prometheus_series) if r.prometheus_series else "—"
+        lines.append(
+            f"| {r.n:,} | {_s(g.cycle_cpu_s, 3)} | {g.peak_rss_mib:.0f} | {series} | "
+            f"{_s((r.query_s or {}).get('poll'))} | {g.wall_s:.2f} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -203,6 +264,38 @@ def targets(results: Sequence[SizeResult]) -> list[tuple[str, bool, str]]:
             f"agent mode: peak RSS at N={big.n:,} <= {RSS_TARGET_MB:g} MB ({RSS_TARGET_MIB:.1f} MiB)",
             g.peak_rss_mib <= RSS_TARGET_MIB,
             f"{g.peak_rss_mib * 2**20 / 1e6:.0f} MB ({g.peak_rss_mib:.0f} MiB)",
+        )
+    )
+    per_busy = (big.agent_series or {}).get("per_busy_container")
+    out.append(
+        (
+            f"node agent: <= {AGENT_SERIES_TARGET:g} series per busy GPU container on average "
+            f"(Prometheus, N={big.n:,})",
+            per_busy is not None and per_busy <= AGENT_SERIES_TARGET,
+            "not measured"
+            if per_busy is None
+            else f"{per_busy:.2f} per busy container, {big.agent_series['per_container']:.2f} per container "
+            f"({big.agent_series['series']:,} series for {big.agent_series['containers']:,} containers)",
+        )
+    )
+    q = big.query_s or {}
+    if q.get("poll") and q.get("without_agent"):
+        ratio = q["poll"] / q["without_agent"]
+        out.append(
+            (
+                f"the poll's query at N={big.n:,} <= {QUERY_RATIO_TARGET:g}x the same query without the "
+                "agent's parts (same Prometheus)",
+                ratio <= QUERY_RATIO_TARGET,
+                f"{ratio:.2f}x ({q['poll']:.2f} s against {q['without_agent']:.2f} s; the utilization "
+                f"expression alone {q['utilization']:.2f} s)",
+            )
+        )
+    out.append(
+        (
+            f"agent mode: a poll's wall time at N={big.n:,} < the default poll interval "
+            f"({DEFAULT_POLL_INTERVAL_S:g} s)",
+            g.wall_s < DEFAULT_POLL_INTERVAL_S,
+            f"{g.wall_s:.2f} s",
         )
     )
     ten = next((r for r in results if r.n == 10_000), None)

@@ -4,10 +4,10 @@ through the poll's ONE PromQL query: no exec, no call from the controller to a n
 The agent exports, per GPU container it tracks (docs/agent.md), under label names of its own
 (tracked_namespace, tracked_pod, tracked_uid, tracked_container: no scrape sets them, so its
 ServiceMonitor needs no honorLabels and Prometheus sets job/namespace/instance from the target):
-  ghostgpu_agent_container_processes{tracked_*,role}   all six roles, 0 included
-  ghostgpu_agent_container_program{...,program} = 1    up to 4 programs
-  ghostgpu_agent_container_scan_timestamp_seconds{...} unix time of the scan
-  ghostgpu_agent_container_unseen{...,reason} = 1      a container it cannot see
+  ghostgpu_agent_container_scan_timestamp_seconds{tracked_*}  unix time of the scan: presence
+  ghostgpu_agent_container_processes{...,role,programs}       roles with processes only; the live
+                                                              roles name up to 4 programs
+  ghostgpu_agent_container_unseen{...,reason} = 1             a container it cannot see
 
 `query_parts` adds these to the utilization query (signals/utilization.py), for the pods whose
 utilization is at or under the zero threshold right now: the controller asks processes only for a
@@ -17,10 +17,16 @@ containers cost the answer nothing. `AgentAnswer` collects the series of one ans
 
 Every series is read only from the agent's scrape (the config's metrics.agentSource), over two
 scrape intervals: the most processes of each role and every program seen in them, the oldest scan
-(docs/threat-model.md). Fail safe (docs/design.md#signals): a container with no series (agent not
-running there, Prometheus not scraping it), an incomplete set of roles, a scan older than the
-signal's maximum age or ahead of the controller's clock, a pod UID that is not the live pod's, or an
-unseen report is a SignalFailure: the verdict stays UNKNOWN, never reclaims.
+(docs/threat-model.md). A role without a series counts 0 only beside a fresh scan time of the same
+container: one scrape carries all of a target's series or none, so a fresh scan time means the
+scrape that carried it carried every role with processes. Fail safe (docs/design.md#signals): a
+container with no scan time (agent not running there, Prometheus not scraping it, an agent too old
+to export it), a scan older than the signal's maximum age or ahead of the controller's clock, a pod
+UID that is not the live pod's, or an unseen report is a SignalFailure: the verdict stays UNKNOWN,
+never reclaims.
+
+An agent of the earlier contract (all six roles with zeros, the programs as series of their own)
+reads the same here, without the programs (they explain a verdict, they do not decide it).
 """
 
 from __future__ import annotations
@@ -32,10 +38,11 @@ from ghostgpu.signals.podexec import PodRef
 from ghostgpu.verdict import FailureReason, ProcessCounts, ProcessRole, SignalFailure
 
 PROCESSES_METRIC = "ghostgpu_agent_container_processes"
-PROGRAM_METRIC = "ghostgpu_agent_container_program"
 SCAN_METRIC = "ghostgpu_agent_container_scan_timestamp_seconds"
 UNSEEN_METRIC = "ghostgpu_agent_container_unseen"
-CONTAINER_METRICS = (PROCESSES_METRIC, PROGRAM_METRIC, SCAN_METRIC, UNSEEN_METRIC)
+CONTAINER_METRICS = (PROCESSES_METRIC, SCAN_METRIC, UNSEEN_METRIC)
+# The label of a live role's series with its programs, space-separated (a program has no space).
+PROGRAMS_LABEL = "programs"
 # The roles that keep a container alive (ProcessCounts.programs' roles).
 LIVE_ROLES = "work|timer|session"
 ROLES: tuple[str, ...] = tuple(r.value for r in ProcessRole)
@@ -46,8 +53,8 @@ UNSEEN_REASONS: dict[str, FailureReason] = {
     "not-running": FailureReason.NOT_RUNNING,
 }
 # The `ghostgpu_field` values (utilization.FIELD_LABEL) of the agent's parts of the answer.
-ROLE_FIELD, PROGRAM_FIELD, SCAN_FIELD, UNSEEN_FIELD = "proc", "prog", "scan", "unseen"
-AGENT_FIELDS = frozenset({ROLE_FIELD, PROGRAM_FIELD, SCAN_FIELD, UNSEEN_FIELD})
+ROLE_FIELD, SCAN_FIELD, UNSEEN_FIELD = "proc", "scan", "unseen"
+AGENT_FIELDS = frozenset({ROLE_FIELD, SCAN_FIELD, UNSEEN_FIELD})
 # The labels every per-container series carries: the tracked container's, under names no scrape
 # sets (a target's own namespace/pod/container labels are the agent pod's).
 TRACKED_NAMESPACE, TRACKED_POD, TRACKED_UID, TRACKED_CONTAINER = (
@@ -61,6 +68,10 @@ _KEY = ", ".join(CONTAINER_LABELS)
 _ON = f"{TRACKED_NAMESPACE}, {TRACKED_POD}"
 
 ContainerKey = tuple[str, str, str]  # (namespace, pod, container)
+# Programs read per series and kept per container: the agent names at most 4 per series; a
+# container's series over the window (programs that changed) are bounded by the answer's cap.
+MAX_PROGRAMS = 4
+MAX_PROGRAMS_KEPT = 16
 
 
 def query_parts(
@@ -91,28 +102,31 @@ def query_parts(
     sel = "{" + inner + "}"
 
     def part(expr: str, agg: str, by: str, kind: str) -> str:
-        return (
-            f"label_replace({agg} by ({by}) (({expr}) and on({_ON}) ({on})), "
-            f'"{field_label}", "{kind}", "", "")'
-        )
+        return f'label_replace({agg} by ({by}) ({expr}), "{field_label}", "{kind}", "", "")'
 
-    parts = [
-        part(f"max_over_time({PROCESSES_METRIC}{sel}[{window}])", "max", f"{_KEY}, role", ROLE_FIELD),
-        part(f"max_over_time({PROGRAM_METRIC}{sel}[{window}])", "max", f"{_KEY}, program", PROGRAM_FIELD),
+    each = [
+        part(
+            f"max_over_time({PROCESSES_METRIC}{sel}[{window}])",
+            "max",
+            f"{_KEY}, role, {PROGRAMS_LABEL}",
+            ROLE_FIELD,
+        ),
         part(f"min_over_time({SCAN_METRIC}{sel}[{window}])", "min", _KEY, SCAN_FIELD),
         part(f"max_over_time({UNSEEN_METRIC}{sel}[{window}]) == 1", "max", f"{_KEY}, reason", UNSEEN_FIELD),
     ]
+    # One `and on(...)` for the three: `zero` is the utilization expression, which Prometheus
+    # evaluates again wherever the query names it.
+    parts = [f"({' or '.join(each)}) and on({_ON}) ({on})"]
     if ahead is not None:
         # The scan time and the live roles' counts (work, timer, session: what keeps a workload
-        # alive) are what a forger must write ahead to make a busy container look finished. One
-        # part each, not every agent series: at 10,000 containers the processes series of all six
-        # roles cost Prometheus 4x these two.
+        # alive) are what a forger must write ahead to make a busy container look finished: one
+        # selector for both (a series without a role is a scan time), not every agent series.
         at, after = ahead
-        for metric, extra in ((SCAN_METRIC, ""), (PROCESSES_METRIC, f', role=~"{LIVE_ROLES}"')):
-            newest = f"max by ({_ON}) (timestamp({metric}{{{inner}{extra}}} @ {at:.3f})) > {after:.3f}"
-            newest = f'label_replace({newest}, "{namespace_label}", "$1", "{TRACKED_NAMESPACE}", "(.*)")'
-            newest = f'label_replace({newest}, "{pod_label}", "$1", "{TRACKED_POD}", "(.*)")'
-            parts.append(f'label_replace({newest}, "{field_label}", "{ahead_field}", "", "")')
+        both = f'__name__=~"{SCAN_METRIC}|{PROCESSES_METRIC}", {inner}, role=~"|{LIVE_ROLES}"'
+        newest = f"max by ({_ON}) (timestamp({{{both}}} @ {at:.3f})) > {after:.3f}"
+        newest = f'label_replace({newest}, "{namespace_label}", "$1", "{TRACKED_NAMESPACE}", "(.*)")'
+        newest = f'label_replace({newest}, "{pod_label}", "$1", "{TRACKED_POD}", "(.*)")'
+        parts.append(f'label_replace({newest}, "{field_label}", "{ahead_field}", "", "")')
     return parts
 
 
@@ -157,9 +171,10 @@ class AgentAnswer:
             elif not (0 <= value <= 1_000_000 and value == int(value)):
                 c.bad = f"{role} count {value!r} is not a count"
             else:
-                c.roles[role] = int(value)
-        elif kind == PROGRAM_FIELD:
-            c.programs.append(labels.get("program", ""))
+                # One role can come as several series in the window (its programs changed between
+                # two scans): each is the role's whole count at its time, so the most, not the sum.
+                c.roles[role] = max(c.roles.get(role, 0), int(value))
+                c.programs.extend(labels.get(PROGRAMS_LABEL, "").split()[:MAX_PROGRAMS])
         elif kind == SCAN_FIELD:
             c.scan = value
         elif kind == UNSEEN_FIELD:
@@ -212,13 +227,10 @@ class AgentAnswer:
             return SignalFailure(
                 reason=FailureReason.STALE, detail=f"the agent's newest scan of {where} is {age:.0f}s old"
             )
-        missing = [r for r in ROLES if r not in c.roles]
-        if missing:
-            # The agent exports all six roles of a container it saw: fewer is not "zero processes".
-            return SignalFailure(
-                reason=FailureReason.MISSING, detail=f"{where}: no {', '.join(missing)} count"
-            )
-        return ProcessCounts(**c.roles, programs=tuple(sorted(set(c.programs))))
+        # A fresh scan time (checked above) is the presence series: a role without a series has
+        # no processes.
+        programs = tuple(sorted(set(c.programs))[:MAX_PROGRAMS_KEPT])
+        return ProcessCounts(**c.roles, programs=programs)
 
 
 class AgentSeries:
@@ -247,7 +259,7 @@ __all__ = [
     "AGENT_FIELDS",
     "CONTAINER_LABELS",
     "PROCESSES_METRIC",
-    "PROGRAM_METRIC",
+    "PROGRAMS_LABEL",
     "ROLES",
     "SCAN_METRIC",
     "UNSEEN_METRIC",

@@ -40,17 +40,15 @@ class DraDevice(NamedTuple):
         return f"{self.driver}/{self.pool}/{self.device}"
 
 
-def device_part(
-    metric: str, selector: str, by: str, zero: str, labels: tuple[str, str, str], field_label: str
-) -> str:
-    """The query's part with one series per DRA device of each pod in `zero` (the pods at or under
-    the zero threshold): `selector` is the pods' `{...}` selector, narrowed to series that carry a
-    device label (device-plugin series never do)."""
+def device_part(metric: str, selector: str, by: str, labels: tuple[str, str, str], field_label: str) -> str:
+    """The query's part with one series per DRA device of each pod, for the caller to keep only
+    the pods at or under the zero threshold (`and on(by)`): `selector` is the pods' `{...}`
+    selector, narrowed to series that carry a device label (device-plugin series never do)."""
     driver, pool, device = labels
     narrowed = selector[:-1] + f', {device}!=""}}'
     return (
-        f"label_replace(group by ({by}, {driver}, {pool}, {device}) ({metric}{narrowed}) "
-        f'and on({by}) ({zero}), "{field_label}", "{DEVICE_FIELD}", "", "")'
+        f"label_replace(group by ({by}, {driver}, {pool}, {device}) ({metric}{narrowed}), "
+        f'"{field_label}", "{DEVICE_FIELD}", "", "")'
     )
 
 

@@ -276,18 +276,23 @@ def build_query(spec: QuerySpec, pods: Iterable[PodKey], *, now: float | None = 
         newest = newest_sample_time(names, inner, by, now + AHEAD_HORIZON)
         ahead = f"{newest} > {now + spec.max_clock_skew:.3f}"
         parts.append(f'label_replace({ahead}, "{FIELD_LABEL}", "{AHEAD_FIELD}", "", "")')
+    # The parts read only for the pods at or under the zero threshold (the ones a reclaim could
+    # follow), kept with ONE `and on(...) (zero)`: Prometheus evaluates the utilization expression
+    # again for every `zero` the query names (no common subexpressions), at 50,000 pods ~0.4-1 s
+    # each on the bench's machine.
+    at_zero: list[str] = []
     if spec.pod_uid_label:
-        # The UIDs the pod's series name, for the pods a reclaim could follow (at or under zero).
+        # The UIDs the pod's series name.
         uid = spec.pod_uid_label
-        parts.append(
-            f'label_replace(group by ({by}, {uid}) ({spec.metric}{{{inner}, {uid}!=""}}) '
-            f'and on({by}) ({zero}), "{FIELD_LABEL}", "{UID_FIELD}", "", "")'
+        at_zero.append(
+            f'label_replace(group by ({by}, {uid}) ({spec.metric}{{{inner}, {uid}!=""}}), '
+            f'"{FIELD_LABEL}", "{UID_FIELD}", "", "")'
         )
     if spec.framebuffer_query:
         fb = Template(spec.framebuffer_query).substitute(variables)
         if spec.framebuffer_unit_bytes != 1:
             fb = f"({fb}) * {spec.framebuffer_unit_bytes}"
-        parts.append(f'label_replace(({fb}) and on({by}) ({zero}), "{FIELD_LABEL}", "fb", "", "")')
+        at_zero.append(f'label_replace({fb}, "{FIELD_LABEL}", "fb", "", "")')
         # A negative sample is no memory reading: it fails the pod's memory rather than being summed.
         parts.append(
             f"label_replace(min by ({by}) (min_over_time({spec.framebuffer_metric}{sel}[{window}])) < 0, "
@@ -304,7 +309,9 @@ def build_query(spec: QuerySpec, pods: Iterable[PodKey], *, now: float | None = 
             f'"{FIELD_LABEL}", "xid", "", "")'
         )
     if spec.dra_devices:
-        parts.append(device_part(spec.metric, sel, by, zero, spec.dra_labels, FIELD_LABEL))
+        at_zero.append(device_part(spec.metric, sel, by, spec.dra_labels, FIELD_LABEL))
+    if at_zero:
+        parts.append(f"({' or '.join(at_zero)}) and on({by}) ({zero})")
     if spec.agent_processes:
         parts += query_parts(
             variables["namespaces"],

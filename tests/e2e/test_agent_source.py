@@ -18,6 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import yaml
 from kubernetes import client
@@ -36,6 +37,14 @@ EXPECTED = {
     "unseen": "!no-cgroup-match",
     "not-running": "!not-running",
 }
+
+
+def prom_series(prometheus_url: str, selector: str) -> list[dict[str, str]]:
+    """The label sets of the series Prometheus holds for `selector` over the last 30 s."""
+    params = {"match[]": selector, "start": f"{time.time() - 30:.3f}"}
+    r = httpx.get(f"{prometheus_url}/api/v1/series", params=params, timeout=10)
+    r.raise_for_status()
+    return list(r.json()["data"])
 
 
 def agent_config(tmp: Path, prometheus_url: str) -> Path:
@@ -100,6 +109,16 @@ def test_agent_faults_never_reclaim_and_say_why(
             ev = evidence(name)
             assert "processes-failed" in ev["reasons"] and ev["procs"] == procs, (name, ev)
         assert verdict("finished") == "FINISHED_IDLE" and "holders-only" in evidence("finished")["reasons"]
+        # What Prometheus holds for it: the roles with processes and the scan time, no zero series.
+        finished = pods["finished"].metadata.name
+        held = prom_series(
+            prometheus_url, f'{{__name__=~"ghostgpu_agent_container_.+", tracked_pod="{finished}"}}'
+        )
+        assert sorted((m["__name__"], m.get("role", "")) for m in held) == [
+            ("ghostgpu_agent_container_processes", "holder"),
+            ("ghostgpu_agent_container_processes", "wrapper"),
+            ("ghostgpu_agent_container_scan_timestamp_seconds", ""),
+        ], held
         for procs in EXPECTED.values():
             reason = procs[1:]
             assert ctrl.metric("ghostgpu_workloads_without_process_signal", reason=reason) == 1, reason

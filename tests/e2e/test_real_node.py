@@ -477,9 +477,36 @@ def test_the_agent_command_exports_every_real_containers_roles(fleet: Fleet, dev
         assert series[("ghostgpu_agent_info", (("node", node), ("version", __version__)))] == 1
         assert series[("ghostgpu_agent_tracked_containers", ())] >= sum(len(s.containers) for s in SHAPES)
         unseen = [
-            k for k in series if k[0] == "ghostgpu_agent_container_unseen" and ("namespace", fleet.ns) in k[1]
+            k
+            for k in series
+            if k[0] == "ghostgpu_agent_container_unseen" and ("tracked_namespace", fleet.ns) in k[1]
         ]
         assert unseen == []
+        # What the agent costs Prometheus: its series per GPU container, from its real /metrics. No
+        # zero-valued role series; a busy container (a live role: work, timer, session) has its
+        # roles with processes and the scan time, 3 on average at most.
+        per: dict[tuple[str, str], list[tuple[str, dict[str, str], float]]] = {}
+        for (name, labels), value in series.items():
+            lab = dict(labels)
+            if name.startswith("ghostgpu_agent_container_") and lab.get("tracked_namespace") == fleet.ns:
+                per.setdefault((lab["tracked_pod"], lab["tracked_container"]), []).append((name, lab, value))
+        assert all(v > 0 for rows in per.values() for n, _l, v in rows if n.endswith("_processes"))
+        assert all(any(n.endswith("_scan_timestamp_seconds") for n, _l, _v in rows) for rows in per.values())
+        busy = [
+            len(rows)
+            for rows in per.values()
+            if any(lab.get("role") in ("work", "timer", "session") for _n, lab, _v in rows)
+        ]
+        mean = sum(busy) / len(busy)
+        line = {"source": "agent-series-per-container", "containers": len(per), "busy": len(busy)}
+        line |= {
+            "mean_per_busy": round(mean, 3),
+            "mean_per_container": round(sum(map(len, per.values())) / len(per), 3),
+        }
+        print(json.dumps(line))
+        with log.open("a") as out:
+            out.write(json.dumps(line) + "\n")
+        assert busy and mean <= 3.0, line
     finally:
         agent.terminate()
         out_text = agent.communicate(timeout=20)[0]

@@ -287,11 +287,16 @@ def test_the_series_of_a_scan() -> None:
     seen_key = ContainerKey("team", "trainer-0", "u-1", "main")
     unseen_key = ContainerKey("team", "other-0", "u-2", "gpu")
     counts = ProcessCounts(work=2, session=1, programs=("bash", "python3"))
+    held = ContainerKey("team", "held-0", "u-3", "main")
     exporter = AgentExporter("node-a")
     exporter.publish(
         ScanResult(
             1700000000.5,
-            {seen_key: Seen(counts, ()), unseen_key: Unseen.NO_CGROUP_MATCH},
+            {
+                seen_key: Seen(counts, ()),
+                unseen_key: Unseen.NO_CGROUP_MATCH,
+                held: Seen(ProcessCounts(holder=1, wrapper=1), ()),
+            },
             scanned_pids=321,
             duration_s=0.02,
         )
@@ -311,20 +316,23 @@ def test_the_series_of_a_scan() -> None:
         "tracked_uid": "u-2",
         "tracked_container": "gpu",
     }
+    held_l = base | {"tracked_pod": "held-0", "tracked_uid": "u-3"}
     per_container = {k: v for k, v in got.items() if k[0].startswith("ghostgpu_agent_container_")}
     assert per_container == {
-        **{
-            ("ghostgpu_agent_container_processes", labels(**base, role=role)): n
-            for role, n in dict(work=2, wrapper=0, holder=0, timer=0, session=1, defunct=0).items()
-        },
-        ("ghostgpu_agent_container_program", labels(**base, program="bash")): 1,
-        ("ghostgpu_agent_container_program", labels(**base, program="python3")): 1,
+        # the roles with processes only (no zero series); the live roles name the programs
+        ("ghostgpu_agent_container_processes", labels(**base, role="work", programs="bash python3")): 2,
+        ("ghostgpu_agent_container_processes", labels(**base, role="session", programs="bash python3")): 1,
         ("ghostgpu_agent_container_scan_timestamp_seconds", labels(**base)): 1700000000.5,
         ("ghostgpu_agent_container_scan_timestamp_seconds", labels(**other)): 1700000000.5,
         ("ghostgpu_agent_container_unseen", labels(**other, reason="no-cgroup-match")): 1,
+        # a container that only waits: its roles name no program (programs="" is no label in
+        # Prometheus), and its presence series
+        ("ghostgpu_agent_container_processes", labels(**held_l, role="wrapper", programs="")): 1,
+        ("ghostgpu_agent_container_processes", labels(**held_l, role="holder", programs="")): 1,
+        ("ghostgpu_agent_container_scan_timestamp_seconds", labels(**held_l)): 1700000000.5,
     }
     assert got[("ghostgpu_agent_scanned_pids", ())] == 321
-    assert got[("ghostgpu_agent_tracked_containers", ())] == 2
+    assert got[("ghostgpu_agent_tracked_containers", ())] == 3
     assert got[("ghostgpu_agent_scan_duration_seconds_count", ())] == 1
     assert got[("ghostgpu_agent_scan_duration_seconds_sum", ())] == pytest.approx(0.02)
     info = [k for k in got if k[0] == "ghostgpu_agent_info"]

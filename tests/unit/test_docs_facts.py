@@ -244,7 +244,14 @@ def test_scale_tables_are_docs_scale_json() -> None:
     from ghostgpu.scale import report
 
     results, text = _scale_results(), (REPO / "docs" / "scale.md").read_text(encoding="utf-8")
-    for table in (report.markdown, report.floor_markdown, report.exec_markdown, report.budget_markdown):
+    for table in (
+        report.markdown,
+        report.floor_markdown,
+        report.prometheus_markdown,
+        report.sizing_markdown,
+        report.exec_markdown,
+        report.budget_markdown,
+    ):
         assert table(results) in text, table.__name__
     assert report.warmup_markdown(results) in text
 

@@ -55,16 +55,20 @@ def reading(samples: list[VectorSample], devices: dict[PodKey, Any], spec: Query
 
 def test_with_dra_flavors_the_query_asks_each_idle_pods_dra_devices_by_dcgm_exporters_labels() -> None:
     q = build_query(SPEC, [POD])
-    part = next(p for p in q.split(" or ") if '"dev"' in p)
-    assert part.startswith(
+    dev = (
         "label_replace(group by (namespace, pod, dra_driver_name, dra_pool_name, dra_device_name) "
         '(DCGM_FI_DEV_GPU_UTIL{job=~"nvidia-dcgm-exporter|dcgm-exporter", namespace=~"team-a", pod=~".+", '
-        'dra_device_name!=""}) and on(namespace, pod) '
+        'dra_device_name!=""}), "ghostgpu_field", "dev", "", "")'
     )
-    # only for the pods at or under the zero threshold: a busy DRA fleet adds nothing to the answer
-    assert ")) <= 0)" in part
+    # only for the pods at or under the zero threshold (with GPU memory, under one filter): a busy
+    # DRA fleet adds nothing to the answer
+    assert f" or {dev}) and on(namespace, pod) ((max by (namespace, pod) (max_over_time(" in q
+    assert q.endswith(")) <= 0)")
     without = build_query(QuerySpec.from_preset(MetricsConfig().dcgm, max_sample_age=60), [POD])
-    assert "dra_" not in without and q.startswith(without)
+    assert "dra_" not in without
+    assert q == without.replace(
+        ") and on(namespace, pod) ((max by", f" or {dev}) and on(namespace, pod) ((max by", 1
+    )
 
 
 def test_dra_labels_must_be_prometheus_label_names() -> None:

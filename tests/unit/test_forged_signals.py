@@ -236,25 +236,30 @@ async def test_an_answer_too_large_is_not_read_and_fails_every_pod(prom: Prom) -
 # --- what Prometheus computes: pinned, busiest sample, samples ahead --------------------------------
 
 
+AGENT_AHEAD_NAMES = '"ghostgpu_agent_container_scan_timestamp_seconds|ghostgpu_agent_container_processes"'
+
+
 def test_every_selector_of_the_query_names_its_source() -> None:
     q = build_query(SPEC, [POD], now=NOW)
     dcgm = 'job=~"nvidia-dcgm-exporter|dcgm-exporter", namespace=~"team-a", pod=~".+"'
     agent_sel = 'job=~"ghostgpu-agent", namespace=~"ghostgpu-agent", tracked_namespace=~"team-a"'
     for metric in ("DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_XID_ERRORS"):
         assert q.count(f"{metric}{{") == q.count(f"{metric}{{{dcgm}")
-    for metric in ("processes", "program", "scan_timestamp_seconds", "unseen"):
+    for metric in ("processes", "scan_timestamp_seconds", "unseen"):
         name = f"ghostgpu_agent_container_{metric}"
         assert q.count(f"{name}{{") == q.count(f"{name}{{{agent_sel}") > 0
+    # the one selector by name regex (samples ahead, below) is pinned too
+    assert q.count("{__name__=~") == q.count(f"{{__name__=~{AGENT_AHEAD_NAMES}, {agent_sel}") == 1
     # samples ahead: the newest sample up to 4 minutes past now, newer than now + the skew; each
     # GPU metric's timestamp() tagged apart (utilization and framebuffer share a label set), and
     # the agent's scan and live roles (what a forger must write to make work look finished)
     at = f"@ {NOW + 240:.3f}"
     for metric in ("DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_FB_USED"):
         assert f'label_replace(timestamp({metric}{{{dcgm}}} {at}), "ghostgpu_metric", ' in q, metric
-    assert f"timestamp(ghostgpu_agent_container_scan_timestamp_seconds{{{agent_sel}}} {at})) > " in q
-    live = 'role=~"work|timer|session"'
-    assert f"timestamp(ghostgpu_agent_container_processes{{{agent_sel}, {live}}} {at})) > " in q
-    assert q.count(f") > {NOW + 5:.3f}") == 3
+    # one selector: the scan time (no role) and the live roles' counts
+    both = f'__name__=~{AGENT_AHEAD_NAMES}, {agent_sel}, role=~"|work|timer|session"'
+    assert f"timestamp({{{both}}} {at})) > " in q
+    assert q.count(f") > {NOW + 5:.3f}") == 2
 
 
 def test_interleaved_zeros_cannot_win_the_busiest_sample_of_two_scrape_intervals_is_read() -> None:

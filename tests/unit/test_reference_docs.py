@@ -105,6 +105,7 @@ def test_every_controller_and_agent_metric_is_on_the_page() -> None:
         "tracked_uid",
         "tracked_container",
         "role",
+        "programs",
     )
     for name in [*controller, *agent]:
         assert f"`{name}`" in page

@@ -386,6 +386,56 @@ def test_controller_deployment_hardening(default_files: dict[str, str]) -> None:
     assert container["args"][2].endswith("/" + next(iter(cm["data"])))
 
 
+def test_controller_and_agent_resources_come_from_ghostgpu_yaml(default_files: dict[str, str]) -> None:
+    def containers(files: dict[str, str]) -> tuple[dict[str, Any], dict[str, Any]]:
+        [deploy] = docs(files, "controller/deployment.yaml")
+        [agent] = by_kind(docs(files, "controller/agent.yaml"), "DaemonSet")
+        return deploy["spec"]["template"]["spec"]["containers"][0], agent["spec"]["template"]["spec"][
+            "containers"
+        ][0]
+
+    # the defaults: the controller holds the 50,000-pod bench's peak (under 300 MB) with margin,
+    # and has no CPU limit (a throttled first-verdict poll is only slower)
+    controller, agent = containers(default_files)
+    assert controller["resources"] == {
+        "requests": {"cpu": "100m", "memory": "320Mi"},
+        "limits": {"memory": "512Mi"},
+    }
+    assert agent["resources"] == {
+        "requests": {"cpu": "10m", "memory": "64Mi"},
+        "limits": {"cpu": "200m", "memory": "128Mi"},
+    }
+    sized = (
+        "controller:\n  processSource: agent\n"
+        "  resources: {requests: {cpu: '1', memory: 1Gi}, limits: {cpu: '2', memory: 2Gi}}\n"
+        "  agentResources: {requests: {memory: 100Mi}}\n"
+    )
+    files = render_bundles(load_config_text(THREE_RESOURCES + sized))
+    controller, agent = containers(files)
+    assert controller["resources"] == {
+        "requests": {"cpu": "1", "memory": "1Gi"},
+        "limits": {"cpu": "2", "memory": "2Gi"},
+    }
+    assert agent["resources"] == {"requests": {"memory": "100Mi"}}  # what is unset is not written
+    # a pod template's size is not the processes' configuration: the ConfigMaps do not change
+    base = render_bundles(load_config_text(THREE_RESOURCES + "controller:\n  processSource: agent\n"))
+    assert files["controller/configmap.yaml"] == base["controller/configmap.yaml"]
+    assert [d for d in docs(files, "controller/agent.yaml") if d["kind"] == "ConfigMap"] == [
+        d for d in docs(base, "controller/agent.yaml") if d["kind"] == "ConfigMap"
+    ]
+
+
+def test_resources_that_cannot_be_scheduled_are_refused_by_key() -> None:
+    from ghostgpu.config import ConfigError
+
+    with pytest.raises(
+        ConfigError, match=r"resources.*limits.memory \(256Mi\) is less than requests.memory \(1Gi\)"
+    ):
+        load_config_text("controller:\n  resources: {requests: {memory: 1Gi}, limits: {memory: 256Mi}}\n")
+    with pytest.raises(ConfigError, match=r"agentResources.*requests.cpu"):
+        load_config_text("controller:\n  agentResources: {requests: {cpu: lots}}\n")
+
+
 def test_config_hash_rolls_the_deployment_when_the_config_changes() -> None:
     def config_hash(text: str) -> str:
         [deploy] = docs(render_bundles(load_config_text(text)), "controller/deployment.yaml")

@@ -10,12 +10,12 @@ from ghostgpu.agent.exporter import AgentExporter
 from ghostgpu.agent.scan import ContainerKey, ScanResult, Seen
 from ghostgpu.scale.exporter import _Body, agent_exposition, agent_scans
 from ghostgpu.scale.fleet import BUSY_TABLE, IDLE_TABLE
-from ghostgpu.signals.agent import PROCESSES_METRIC, PROGRAM_METRIC, SCAN_METRIC
+from ghostgpu.signals.agent import PROCESSES_METRIC, SCAN_METRIC
 from ghostgpu.signals.processes import parse_ps
 from ghostgpu.verdict import ProcessPolicy, count_roles
 
 ROWS = [["scale-00", "g00000", "gpu-s-0000", 0, "uid-a"], ["scale-01", "g00001", "gpu-s-0000", 57, "uid-b"]]
-AGENT = (PROCESSES_METRIC, PROGRAM_METRIC, SCAN_METRIC)
+AGENT = (PROCESSES_METRIC, SCAN_METRIC)
 
 
 def _samples(text: bytes) -> set[tuple[str, tuple[tuple[str, str], ...], float]]:
@@ -49,7 +49,19 @@ def test_the_bench_serves_what_the_agent_would_for_the_same_processes() -> None:
         for n, lab, v in _samples(bench)
         if n == PROCESSES_METRIC and (dict(lab)["tracked_namespace"], dict(lab)["tracked_pod"]) == idle
     }
-    assert ("holder", 1.0) in held and ("work", 0.0) in held
+    assert held == {("holder", 1.0)}, "no zero-valued role series"
+    # the busy pod: its shell, its program (named on the work series) and the presence series
+    per_pod: dict[str, list[tuple[str, tuple[tuple[str, str], ...]]]] = {}
+    for n, lab, _v in _samples(bench):
+        per_pod.setdefault(dict(lab)["tracked_pod"], []).append((n, lab))
+    busy = sorted(
+        (n, dict(lab).get("role", ""), dict(lab).get("programs", "")) for n, lab in per_pod["g00001"]
+    )
+    assert busy == [
+        (PROCESSES_METRIC, "work", "train.py"),
+        (PROCESSES_METRIC, "wrapper", ""),
+        (SCAN_METRIC, "", ""),
+    ]
 
 
 def _stamps(text: bytes) -> list[float]:

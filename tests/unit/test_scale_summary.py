@@ -225,17 +225,48 @@ def test_the_audited_budget_target_allows_one_request_of_network_jitter() -> Non
     assert met(30.4) and met(31.0) and not met(32.5)
 
 
-def test_the_floor_asks_every_pods_agent_series_not_only_the_idle_ones() -> None:
-    from ghostgpu.signals.agent import PROCESSES_METRIC, PROGRAM_METRIC, SCAN_METRIC, UNSEEN_METRIC
+def test_the_floor_is_three_series_per_pod_and_the_agents_floor_asks_every_pods_series() -> None:
+    from ghostgpu.signals.agent import PROCESSES_METRIC, SCAN_METRIC, UNSEEN_METRIC
     from ghostgpu.signals.utilization import PodKey, QuerySpec, build_query, every_signal_query
 
     spec = QuerySpec(
-        metric="DCGM_FI_DEV_GPU_UTIL", source='job=~"dcgm"', agent_processes=True, agent_source='job=~"agent"'
+        metric="DCGM_FI_DEV_GPU_UTIL",
+        framebuffer_metric="DCGM_FI_DEV_FB_USED",
+        source='job=~"dcgm"',
+        agent_processes=True,
+        agent_source='job=~"agent"',
     )
     pods = [PodKey("scale-00", "g00000"), PodKey("scale-01", "g00001")]
     plain, full = every_signal_query(spec, pods), every_signal_query(spec, pods, agent=True)
-    assert PROCESSES_METRIC not in plain
-    for metric in (PROCESSES_METRIC, PROGRAM_METRIC, SCAN_METRIC, UNSEEN_METRIC):
+    # the fixed floor: a reading, an oldest sample time and GPU memory per pod, whatever the agent
+    assert PROCESSES_METRIC not in plain and plain.count('"ghostgpu_field", ') == 3
+    for metric in (PROCESSES_METRIC, SCAN_METRIC, UNSEEN_METRIC):
         assert metric in full
     # the controller's own query joins the agent's series on the pods at zero; the floor on all
     assert "<= 0" in build_query(spec, pods) and "<= 0" not in full
+
+
+def test_the_agents_series_the_query_ratio_and_the_polls_wall_time_are_judged_at_the_largest_n() -> None:
+    small, big = _result(0.5, 0.5, n=1000), _result(0.5, 0.5, n=50_000)
+    big.agent_series = {"containers": 10, "series": 30, "per_container": 2.9, "per_busy_container": 3.0}
+    big.query_s = {"utilization": 1.0, "without_agent": 4.0, "poll": 6.0}
+    met = _met([small, big])
+    assert met["node agent: <= 3 series per busy GPU container on average (Prometheus, N=50,000)"]
+    assert met["the poll's query"] is True  # 1.5x: met
+    assert met["agent mode: a poll's wall time"] is True  # 1 s
+    big.agent_series["per_busy_container"] = 3.1
+    big.query_s["poll"] = 6.1
+    big.ghostgpu.wall_s = 60.0  # the default poll interval: not under it
+    met = _met([small, big])
+    assert not met["node agent: <= 3 series per busy GPU container on average (Prometheus, N=50,000)"]
+    assert met["the poll's query"] is False and met["agent mode: a poll's wall time"] is False
+    # not measured: not met
+    big.agent_series = {}
+    assert not _met([small, big])[
+        "node agent: <= 3 series per busy GPU container on average (Prometheus, N=50,000)"
+    ]
+    # the tables show what was measured, and a dash for what was not
+    from ghostgpu.scale.report import prometheus_markdown, sizing_markdown
+
+    assert "| 6.10 | 1.52x |" in prometheus_markdown([big])
+    assert "| 50,000 | 0.500 | 200 | — | 6.10 | 60.00 |" in sizing_markdown([big])

@@ -27,7 +27,6 @@ from ghostgpu.controller.reconciler import Reconciler
 from ghostgpu.devcluster.fake_dcgm import AgentContainer, Store
 from ghostgpu.signals.agent import (
     PROCESSES_METRIC,
-    PROGRAM_METRIC,
     SCAN_METRIC,
     UNSEEN_METRIC,
     AgentProcessSource,
@@ -57,8 +56,8 @@ SPEC = QuerySpec.from_preset(
     agent_processes=True,
     agent_source=MetricsConfig().agent_source,
 )
-_FIELDS = {PROCESSES_METRIC: "proc", PROGRAM_METRIC: "prog", SCAN_METRIC: "scan", UNSEEN_METRIC: "unseen"}
-_EXTRA = {"proc": "role", "prog": "program", "unseen": "reason"}
+_FIELDS = {PROCESSES_METRIC: "proc", SCAN_METRIC: "scan", UNSEEN_METRIC: "unseen"}
+_EXTRA = {"proc": ["role", "programs"], "unseen": ["reason"]}
 
 
 def answer(
@@ -80,9 +79,15 @@ def answer(
                 continue  # `and on(tracked_namespace, tracked_pod)` the zero pods
             if field_ == "unseen" and s.value != 1:
                 continue
-            extra = [_EXTRA[field_]] if field_ in _EXTRA else []
-            keep = ["tracked_namespace", "tracked_pod", "tracked_uid", "tracked_container", *extra]
-            labels = {k: s.labels[k] for k in keep} | {FIELD_LABEL: field_}
+            keep = [
+                "tracked_namespace",
+                "tracked_pod",
+                "tracked_uid",
+                "tracked_container",
+                *_EXTRA.get(field_, []),
+            ]
+            # Prometheus keeps no label with an empty value
+            labels = {k: s.labels[k] for k in keep if s.labels.get(k)} | {FIELD_LABEL: field_}
             result.append({"metric": labels, "value": [at, repr(float(s.value))]})
     return {"status": "success", "data": {"resultType": "vector", "result": result}}
 
@@ -151,18 +156,19 @@ def test_the_one_query_carries_the_agent_series_of_the_zero_pods_only_in_agent_m
     sel = '{job=~"ghostgpu-agent", namespace=~"ghostgpu-agent", tracked_namespace=~"team-a|team-b"}'
     key = "tracked_namespace, tracked_pod, tracked_uid, tracked_container"
     for agg, metric, field_, by in (
-        ("max", PROCESSES_METRIC, "proc", f"{key}, role"),
-        ("max", PROGRAM_METRIC, "prog", f"{key}, program"),
+        ("max", PROCESSES_METRIC, "proc", f"{key}, role, programs"),
         ("min", SCAN_METRIC, "scan", key),  # the oldest scan of the window
         ("max", UNSEEN_METRIC, "unseen", f"{key}, reason"),
     ):
         # each read only from the agent's scrape, over the window (the most processes of each
-        # role, every program seen), aggregated by the tracked container's labels (a container
+        # role and the programs it names), aggregated by the tracked container's labels (a container
         # scraped twice is one series), only for pods at or under the zero threshold
         over = "min_over_time" if agg == "min" else "max_over_time"
-        assert f"label_replace({agg} by ({by}) (({over}({metric}{sel}[60s])" in q, metric
-        assert f'and on(tracked_namespace, tracked_pod) ({on})), "{FIELD_LABEL}", "{field_}", "", "")' in q
+        assert f"label_replace({agg} by ({by}) ({over}({metric}{sel}[60s])" in q, metric
+        assert f'"{FIELD_LABEL}", "{field_}", "", "")' in q
     assert f"max_over_time({UNSEEN_METRIC}{sel}[60s]) == 1" in q
+    # the three under one filter: Prometheus evaluates `zero` again wherever the query names it
+    assert q.count(f") and on(tracked_namespace, tracked_pod) ({on})") == 1 and q.endswith(f"({on})")
     # still one expression that does not grow with the fleet
     many = [PodKey(f"team-{i % 2}", f"pod-{i}") for i in range(3000)]
     assert len(build_query(SPEC, many)) == len(build_query(SPEC, many[:2]))
@@ -258,10 +264,14 @@ ALL_ZERO = [_series("proc", 0, role=r) for r in ROLES6]
 @pytest.mark.parametrize(
     ("series", "reason"),
     [
-        # five roles of six: an incomplete report is not "no work"
-        ([_series("proc", 0, role=r) for r in ROLES6[1:]] + [_series("scan", NOW)], FailureReason.MISSING),
-        # counts without a scan time: cannot be dated
+        # counts without a scan time (the presence series): cannot be dated, and a role without a
+        # series is not read as none
         ([_series("proc", 0, role=r) for r in ROLES6], FailureReason.MISSING),
+        ([_series("proc", 1, role="holder")], FailureReason.MISSING),
+        # the presence series too old: absent roles are not zeros then either
+        ([_series("proc", 1, role="holder"), _series("scan", NOW - MAX_AGE - 1)], FailureReason.STALE),
+        # ahead of the clock: a forged presence series alone cannot say "nothing running"
+        ([_series("scan", NOW + 60)], FailureReason.UNTRUSTED),
         # a role this controller does not know (a newer agent): not read as zero work
         ([*ALL_ZERO, _series("proc", 1, role="gpu"), _series("scan", NOW)],
          FailureReason.PARSE_ERROR),
@@ -287,6 +297,59 @@ async def test_all_six_roles_at_zero_and_a_fresh_scan_are_no_processes(prom: Pro
     prom.body = lambda q: {"status": "success", "data": {"resultType": "vector", "result": _util() + series}}
     ref = PodRef("team-a", "train-0", "main")
     assert (await poll_agent(prom, [ref]))[ref] == ProcessCounts()
+
+
+async def test_a_fresh_scan_time_makes_absent_roles_zero(prom: Prom) -> None:
+    """The agent exports the roles with processes only: beside a fresh presence series the others
+    count 0; the programs ride on the live roles' series."""
+    series = [
+        _series("proc", 2, role="work", programs="python torchrun"),
+        _series("proc", 1, role="wrapper"),
+        _series("scan", NOW - 10),
+    ]
+    prom.body = lambda q: {"status": "success", "data": {"resultType": "vector", "result": _util() + series}}
+    ref = PodRef("team-a", "train-0", "main")
+    assert (await poll_agent(prom, [ref]))[ref] == ProcessCounts(
+        work=2, wrapper=1, programs=("python", "torchrun")
+    )
+    # nothing running at all: the presence series alone
+    prom.body = lambda q: {
+        "status": "success",
+        "data": {"resultType": "vector", "result": [*_util(), _series("scan", NOW - 10)]},
+    }
+    assert (await poll_agent(prom, [ref]))[ref] == ProcessCounts()
+
+
+async def test_a_role_whose_programs_changed_in_the_window_is_counted_once(prom: Prom) -> None:
+    """Two series of one role in the window (its programs changed between scans): each is the
+    whole count at its time, so the most of them, and every program named."""
+    series = [
+        _series("proc", 1, role="work", programs="python"),
+        _series("proc", 2, role="work", programs="python torchrun"),
+        _series("scan", NOW - 10),
+    ]
+    prom.body = lambda q: {"status": "success", "data": {"resultType": "vector", "result": _util() + series}}
+    ref = PodRef("team-a", "train-0", "main")
+    assert (await poll_agent(prom, [ref]))[ref] == ProcessCounts(work=2, programs=("python", "torchrun"))
+
+
+async def test_an_agent_of_the_earlier_contract_reads_the_same_counts(prom: Prom) -> None:
+    """Rollout skew, an older agent beside this controller: all six roles with zeros, no `programs`
+    label (its programs were series this query no longer asks for). The counts, hence the verdict,
+    are those of the new agent for the same processes; only the programs are left out."""
+    ref = PodRef("team-a", "train-0", "main")
+    old = [_series("proc", {"work": 1, "wrapper": 1}.get(r, 0), role=r) for r in ROLES6]
+    new = [_series("proc", 1, role="work", programs="python"), _series("proc", 1, role="wrapper")]
+    got = {}
+    for name, series in (("old", old), ("new", new)):
+        body = {
+            "status": "success",
+            "data": {"resultType": "vector", "result": [*_util(), *series, _series("scan", NOW)]},
+        }
+        prom.body = lambda q, body=body: body
+        got[name] = (await poll_agent(prom, [ref]))[ref]
+    assert got["old"] == ProcessCounts(work=1, wrapper=1)
+    assert got["new"] == ProcessCounts(work=1, wrapper=1, programs=("python",))
 
 
 async def test_the_source_before_any_poll_and_after_a_poll_without_pods() -> None:
@@ -371,8 +434,8 @@ def test_the_fake_exporters_agent_series_follow_the_contract() -> None:
     store.set_agent(AgentContainer(namespace="ns", pod="q", uid="v", unseen="not-running"))
     families = {f.name: f.samples for f in text_string_to_metric_families(store.agent_exposition(now=NOW))}
     roles = [s for s in families[PROCESSES_METRIC] if s.labels["tracked_pod"] == "p"]
-    assert sorted(s.labels["role"] for s in roles) == sorted(ROLES6)  # all six, 0 included
-    programs = [s.labels["program"] for s in families[PROGRAM_METRIC]]
+    assert [s.labels["role"] for s in roles] == ["work"]  # the roles with processes only
+    programs = roles[0].labels["programs"].split(" ")
     assert len(programs) == 4 and all(len(p) <= 64 for p in programs)
     assert [s.value for s in families[SCAN_METRIC]] == [NOW]
     # an unseen container has the unseen series and no processes series

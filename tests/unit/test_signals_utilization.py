@@ -109,11 +109,13 @@ async def poll(url: str, pods: list[PodKey], *, timeout: float = 2.0, spec: Quer
 
 def test_query_is_one_expression_that_does_not_grow_with_the_pods() -> None:
     q = build_query(SPEC, [A, B, C])
-    # the reading (three times: as `util`, and as the zero filter of `fb` and `uid`), its
-    # timestamp (twice: fresh pods get `util`, stale pods `ts`) and the idle pods' UIDs, all over
-    # the same selector: dcgm-exporter's scrape only
-    assert q.count("DCGM_FI_DEV_GPU_UTIL{") == 6
-    assert q.count('DCGM_FI_DEV_GPU_UTIL{job=~"nvidia-dcgm-exporter|dcgm-exporter", ') == 6
+    # the reading (twice: as `util`, and as the one zero filter of `fb` and `uid` together:
+    # Prometheus evaluates it again wherever the query names it), its timestamp (twice: fresh pods
+    # get `util`, stale pods `ts`) and the idle pods' UIDs, all over the same selector:
+    # dcgm-exporter's scrape only
+    assert q.count("DCGM_FI_DEV_GPU_UTIL{") == 5
+    assert q.count('DCGM_FI_DEV_GPU_UTIL{job=~"nvidia-dcgm-exporter|dcgm-exporter", ') == 5
+    assert q.count("and on(namespace, pod) ((max by (namespace, pod) (max_over_time(") == 1
     assert q.count("min by (namespace, pod) (timestamp(DCGM_FI_DEV_GPU_UTIL{") == 2
     assert ">= time() - 60)" in q and "< time() - 60," in q
     # namespaces are named (escaped), pods are not: the query does not grow with the fleet
@@ -128,9 +130,10 @@ def test_query_is_one_expression_that_does_not_grow_with_the_pods() -> None:
     assert "timestamp(DCGM_FI_DEV_GPU_UTIL{" in q
     assert "(sum by (namespace, pod) (max without (container) (max_over_time(DCGM_FI_DEV_FB_USED{" in q
     assert ") * 1048576" in q
+    # memory and UIDs only for the pods at or under the zero threshold, under one filter
     assert (
-        ") * 1048576) and on(namespace, pod) ((max by (namespace, pod) (max_over_time(DCGM_FI_DEV_GPU_UTIL{"
-        in q
+        ') * 1048576, "ghostgpu_field", "fb", "", "")) and on(namespace, pod) '
+        "((max by (namespace, pod) (max_over_time(DCGM_FI_DEV_GPU_UTIL{" in q
     )
     assert ")) <= 0)" in q
     assert '"ghostgpu_field", "fb"' in q
