@@ -14,8 +14,6 @@ from ghostgpu.agent.scan import ContainerKey
 from ghostgpu.scale.agent_faults import AGENT_FAULTS, AgentFleet, Container
 from ghostgpu.signals.agent import (
     PROCESSES_METRIC,
-    PROGRAM_FIELD,
-    PROGRAM_METRIC,
     ROLE_FIELD,
     SCAN_FIELD,
     SCAN_METRIC,
@@ -28,7 +26,7 @@ from ghostgpu.verdict import FailureReason, ProcessCounts, SignalFailure
 
 KEY = ContainerKey("ns", "p1", "uid-1", "main")
 COUNTS = ProcessCounts(work=1, wrapper=1, programs=("python",))
-FIELDS = {PROCESSES_METRIC: ROLE_FIELD, PROGRAM_METRIC: PROGRAM_FIELD, UNSEEN_METRIC: UNSEEN_FIELD}
+FIELDS = {PROCESSES_METRIC: ROLE_FIELD, UNSEEN_METRIC: UNSEEN_FIELD}
 
 
 def answer(fleet: AgentFleet, now: float) -> AgentAnswer:
