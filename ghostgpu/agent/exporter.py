@@ -3,9 +3,12 @@
 Per container the agent saw (labels tracked_namespace, tracked_pod, tracked_uid,
 tracked_container: names of its own, so that no scrape overwrites them and its ServiceMonitor
 needs no honorLabels; ghostgpu.signals.agent reads them):
-- `ghostgpu_agent_container_scan_timestamp_seconds`: the unix time of the scan, for every container
-  the agent reports on: the presence series. With it fresh, a role without a series has no
-  processes; without it, the container was not seen (the controller fails the signal).
+- `ghostgpu_agent_container_scan_timestamp_seconds{live_roles}`: the unix time of the scan, for
+  every container the agent reports on: the presence series. With it fresh, a role without a series
+  has no processes; without it, the container was not seen (the controller fails the signal).
+  `live_roles` names the live roles (work, timer, session) that have a processes series, sorted and
+  joined by a space, so an answer that lost one of those series (a proxy or a store that answers
+  with part of the series) reads as a failure, not as a finished container.
 - `ghostgpu_agent_container_processes{role, programs}`: the roles with processes only (no zero
   series). A role that keeps the container alive (work, timer, session) carries in `programs` the
   programs that keep it alive, sorted, the first 4, each cut at 64 characters, joined by a space
@@ -65,7 +68,7 @@ class _LastScan(Collector):
             "ghostgpu_agent_container_scan_timestamp_seconds",
             "Unix time of the scan a container's series come from (every container reported on: a "
             "role without a series has no processes).",
-            labels=list(CONTAINER_LABELS),
+            labels=[*CONTAINER_LABELS, "live_roles"],
         )
         unseen = GaugeMetricFamily(
             "ghostgpu_agent_container_unseen",
@@ -81,11 +84,12 @@ class _LastScan(Collector):
             for key in sorted(r.containers):
                 labels = list(key)
                 outcome = r.containers[key]
-                stamp.add_metric(labels, r.timestamp)
                 if isinstance(outcome, Unseen):
+                    stamp.add_metric([*labels, ""], r.timestamp)
                     unseen.add_metric([*labels, outcome.value], 1)
                     continue
                 assert isinstance(outcome, Seen)
+                stamp.add_metric([*labels, live_roles(outcome.counts)], r.timestamp)
                 for role, count, programs in role_series(outcome.counts):
                     processes.add_metric([*labels, role, programs], count)
             scanned.add_metric([], r.scanned_pids)
@@ -100,6 +104,11 @@ def role_series(counts: ProcessCounts) -> list[tuple[str, int, str]]:
     return [
         (role, n, programs if role in LIVE_ROLES else "") for role in ROLES if (n := getattr(counts, role))
     ]
+
+
+def live_roles(counts: ProcessCounts) -> str:
+    """The scan series' `live_roles` label: the live roles with a processes series, sorted."""
+    return " ".join(sorted(role for role in LIVE_ROLES if getattr(counts, role)))
 
 
 def exported_programs(programs: tuple[str, ...]) -> list[str]:

@@ -54,7 +54,7 @@ from typing import ClassVar
 import httpx
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from ghostgpu.agent.exporter import role_series
+from ghostgpu.agent.exporter import live_roles, role_series
 from ghostgpu.verdict import ProcessCounts
 
 METRICS: dict[str, tuple[str, str]] = {
@@ -180,8 +180,9 @@ class AgentContainer(BaseModel):
                 f"ghostgpu_agent_container_processes{{{labels}}} {n}"
             )
         ts = now if self.scan_timestamp is None else self.scan_timestamp
+        stamp = f'{base},live_roles="{live_roles(counts)}"'
         out["ghostgpu_agent_container_scan_timestamp_seconds"].append(
-            f"ghostgpu_agent_container_scan_timestamp_seconds{{{base}}} {ts:.3f}"
+            f"ghostgpu_agent_container_scan_timestamp_seconds{{{stamp}}} {ts:.3f}"
         )
         return out
 

@@ -30,7 +30,7 @@ from typing import Any, ClassVar
 
 import yaml
 
-from ghostgpu.agent.exporter import role_series
+from ghostgpu.agent.exporter import live_roles, role_series
 from ghostgpu.devcluster import procs
 from ghostgpu.devcluster.paths import Toolchain
 from ghostgpu.scale.fleet import BUSY_TABLE, IDLE_TABLE
@@ -94,8 +94,13 @@ def agent_exposition(rows: list[list[Any]]) -> bytes:
 def agent_scans(rows: list[list[Any]], now: float) -> bytes:
     """Every container's scan timestamp, `now`: rendered at scrape time, as fresh as a running agent's."""
     stamp = f"{now:.3f}"
+    policy = ProcessPolicy()
+    idle, busy = (live_roles(count_roles(parse_ps(t), policy)) for t in (IDLE_TABLE, BUSY_TABLE))
     lines = [f"# TYPE {SCAN_METRIC} gauge"]
-    lines += [f"{SCAN_METRIC}{{{_agent_labels(row)}}} {stamp}" for row in rows]
+    lines += [
+        f'{SCAN_METRIC}{{{_agent_labels(row)},live_roles="{idle if row[3] == 0 else busy}"}} {stamp}'
+        for row in rows
+    ]
     return ("\n".join(lines) + "\n").encode()
 
 

@@ -4,7 +4,9 @@ through the poll's ONE PromQL query: no exec, no call from the controller to a n
 The agent exports, per GPU container it tracks (docs/agent.md), under label names of its own
 (tracked_namespace, tracked_pod, tracked_uid, tracked_container: no scrape sets them, so its
 ServiceMonitor needs no honorLabels and Prometheus sets job/namespace/instance from the target):
-  ghostgpu_agent_container_scan_timestamp_seconds{tracked_*}  unix time of the scan: presence
+  ghostgpu_agent_container_scan_timestamp_seconds{...,live_roles}  unix time of the scan: presence;
+                                                              live_roles names the live roles it has
+                                                              a processes series for
   ghostgpu_agent_container_processes{...,role,programs}       roles with processes only; the live
                                                               roles name up to 4 programs
   ghostgpu_agent_container_unseen{...,reason} = 1             a container it cannot see
@@ -19,10 +21,13 @@ Every series is read only from the agent's scrape (the config's metrics.agentSou
 scrape intervals: the most processes of each role and every program seen in them, the oldest scan
 (docs/threat-model.md). A role without a series counts 0 only beside a fresh scan time of the same
 container: one scrape carries all of a target's series or none, so a fresh scan time means the
-scrape that carried it carried every role with processes. Fail safe (docs/design.md#signals): a
-container with no scan time (agent not running there, Prometheus not scraping it, an agent too old
-to export it), a scan older than the signal's maximum age or ahead of the controller's clock, a pod
-UID that is not the live pod's, or an unseen report is a SignalFailure: the verdict stays UNKNOWN,
+scrape that carried it carried every role with processes, and the scan's `live_roles` label names
+the live roles that must be in the answer beside it: an answer that lost one (a proxy or a store
+answering with part of the series) fails the container instead of reading it as finished. Fail
+safe (docs/design.md#signals): a container with no scan time (agent not running there, Prometheus
+not scraping it, an agent too old to export it), a scan older than the signal's maximum age or ahead
+of the controller's clock, a pod UID that is not the live pod's, a live role its scan names and the
+answer lacks, or an unseen report is a SignalFailure: the verdict stays UNKNOWN,
 never reclaims.
 
 An agent of the earlier contract (all six roles with zeros, the programs as series of their own)
@@ -43,6 +48,9 @@ UNSEEN_METRIC = "ghostgpu_agent_container_unseen"
 CONTAINER_METRICS = (PROCESSES_METRIC, SCAN_METRIC, UNSEEN_METRIC)
 # The label of a live role's series with its programs, space-separated (a program has no space).
 PROGRAMS_LABEL = "programs"
+# On the scan series: the live roles the agent exported a processes series for (an agent of the
+# earlier contract has no such label, and nothing is checked for it).
+LIVE_ROLES_LABEL = "live_roles"
 # The roles that keep a container alive (ProcessCounts.programs' roles).
 LIVE_ROLES = "work|timer|session"
 ROLES: tuple[str, ...] = tuple(r.value for r in ProcessRole)
@@ -111,7 +119,9 @@ def query_parts(
             f"{_KEY}, role, {PROGRAMS_LABEL}",
             ROLE_FIELD,
         ),
-        part(f"min_over_time({SCAN_METRIC}{sel}[{window}])", "min", _KEY, SCAN_FIELD),
+        part(
+            f"min_over_time({SCAN_METRIC}{sel}[{window}])", "min", f"{_KEY}, {LIVE_ROLES_LABEL}", SCAN_FIELD
+        ),
         part(f"max_over_time({UNSEEN_METRIC}{sel}[{window}]) == 1", "max", f"{_KEY}, reason", UNSEEN_FIELD),
     ]
     # One `and on(...)` for the three: `zero` is the utilization expression, which Prometheus
@@ -136,6 +146,7 @@ class _Container:
     roles: dict[str, int] = field(default_factory=dict)
     programs: list[str] = field(default_factory=list)
     scan: float | None = None
+    live: set[str] = field(default_factory=set)  # the live roles the scans say have a series
     unseen: list[str] = field(default_factory=list)
     bad: str = ""  # why the series cannot be read (a value that is not a count, an unknown role)
 
@@ -176,7 +187,10 @@ class AgentAnswer:
                 c.roles[role] = max(c.roles.get(role, 0), int(value))
                 c.programs.extend(labels.get(PROGRAMS_LABEL, "").split()[:MAX_PROGRAMS])
         elif kind == SCAN_FIELD:
-            c.scan = value
+            # One series per live-role set in the window (the set changed between two scans): the
+            # oldest scan, and every live role any of them names.
+            c.scan = value if c.scan is None else min(c.scan, value)
+            c.live.update(labels.get(LIVE_ROLES_LABEL, "").split()[: len(ROLES)])
         elif kind == UNSEEN_FIELD:
             c.unseen.append(labels.get("reason", ""))
 
@@ -227,6 +241,13 @@ class AgentAnswer:
             return SignalFailure(
                 reason=FailureReason.STALE, detail=f"the agent's newest scan of {where} is {age:.0f}s old"
             )
+        lost = sorted(role for role in c.live if role in ROLES and not c.roles.get(role))
+        if lost:
+            return SignalFailure(
+                reason=FailureReason.MISSING,
+                detail=f"the agent's scan of {where} names live role(s) {' '.join(lost)} whose series "
+                "the answer lacks (a partial answer)",
+            )
         # A fresh scan time (checked above) is the presence series: a role without a series has
         # no processes.
         programs = tuple(sorted(set(c.programs))[:MAX_PROGRAMS_KEPT])
@@ -258,6 +279,7 @@ class AgentProcessSource:
 __all__ = [
     "AGENT_FIELDS",
     "CONTAINER_LABELS",
+    "LIVE_ROLES_LABEL",
     "PROCESSES_METRIC",
     "PROGRAMS_LABEL",
     "ROLES",

@@ -322,14 +322,19 @@ def test_the_series_of_a_scan() -> None:
         # the roles with processes only (no zero series); the live roles name the programs
         ("ghostgpu_agent_container_processes", labels(**base, role="work", programs="bash python3")): 2,
         ("ghostgpu_agent_container_processes", labels(**base, role="session", programs="bash python3")): 1,
-        ("ghostgpu_agent_container_scan_timestamp_seconds", labels(**base)): 1700000000.5,
-        ("ghostgpu_agent_container_scan_timestamp_seconds", labels(**other)): 1700000000.5,
+        # the presence series names the live roles that have a series, so an answer that lost one
+        # is told apart from a container without it
+        (
+            "ghostgpu_agent_container_scan_timestamp_seconds",
+            labels(**base, live_roles="session work"),
+        ): 1700000000.5,
+        ("ghostgpu_agent_container_scan_timestamp_seconds", labels(**other, live_roles="")): 1700000000.5,
         ("ghostgpu_agent_container_unseen", labels(**other, reason="no-cgroup-match")): 1,
         # a container that only waits: its roles name no program (programs="" is no label in
         # Prometheus), and its presence series
         ("ghostgpu_agent_container_processes", labels(**held_l, role="wrapper", programs="")): 1,
         ("ghostgpu_agent_container_processes", labels(**held_l, role="holder", programs="")): 1,
-        ("ghostgpu_agent_container_scan_timestamp_seconds", labels(**held_l)): 1700000000.5,
+        ("ghostgpu_agent_container_scan_timestamp_seconds", labels(**held_l, live_roles="")): 1700000000.5,
     }
     assert got[("ghostgpu_agent_scanned_pids", ())] == 321
     assert got[("ghostgpu_agent_tracked_containers", ())] == 3

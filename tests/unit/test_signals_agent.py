@@ -157,7 +157,7 @@ def test_the_one_query_carries_the_agent_series_of_the_zero_pods_only_in_agent_m
     key = "tracked_namespace, tracked_pod, tracked_uid, tracked_container"
     for agg, metric, field_, by in (
         ("max", PROCESSES_METRIC, "proc", f"{key}, role, programs"),
-        ("min", SCAN_METRIC, "scan", key),  # the oldest scan of the window
+        ("min", SCAN_METRIC, "scan", f"{key}, live_roles"),  # the oldest scan of each live-role set
         ("max", UNSEEN_METRIC, "unseen", f"{key}, reason"),
     ):
         # each read only from the agent's scrape, over the window (the most processes of each
@@ -318,6 +318,31 @@ async def test_a_fresh_scan_time_makes_absent_roles_zero(prom: Prom) -> None:
         "data": {"resultType": "vector", "result": [*_util(), _series("scan", NOW - 10)]},
     }
     assert (await poll_agent(prom, [ref]))[ref] == ProcessCounts()
+
+
+async def test_an_answer_that_lost_a_live_roles_series_fails_the_container(prom: Prom) -> None:
+    """The scan names the live roles it has series for: an answer without one of them (a proxy or
+    a store answering with part of the series) is a failure, never a finished container; with the
+    series there, or an agent that names none, the counts are read as usual."""
+    ref = PodRef("team-a", "train-0", "main")
+    work = _series("proc", 1, role="work", programs="python")
+
+    async def read(*series: dict[str, Any]) -> ProcessCounts | SignalFailure:
+        result = [*_util(), *series]
+        prom.body = lambda q: {"status": "success", "data": {"resultType": "vector", "result": result}}
+        return (await poll_agent(prom, [ref]))[ref]
+
+    lost = await read(_series("scan", NOW - 10, live_roles="session work"), work)
+    assert isinstance(lost, SignalFailure) and lost.reason is FailureReason.MISSING
+    assert "session" in lost.detail and "work" not in lost.detail.split("role(s)")[1].split("whose")[0]
+    # the live-role set changed in the window: every role either scan names must be there
+    changed = await read(
+        _series("scan", NOW - 20, live_roles="work"), _series("scan", NOW - 10, live_roles="")
+    )
+    assert isinstance(changed, SignalFailure) and changed.reason is FailureReason.MISSING
+    whole = await read(_series("scan", NOW - 10, live_roles="work"), work)
+    assert whole == ProcessCounts(work=1, programs=("python",))
+    assert await read(_series("scan", NOW - 10), work) == ProcessCounts(work=1, programs=("python",))
 
 
 async def test_a_role_whose_programs_changed_in_the_window_is_counted_once(prom: Prom) -> None:
