@@ -14,13 +14,16 @@ from __future__ import annotations
 import os
 import resource
 import shutil
+import socket
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import httpx
 import yaml
 
 from ghostgpu.devcluster.paths import REPO_ROOT, cache_root, read_versions
@@ -149,6 +152,9 @@ class KindCluster:
         self.tools = KindTools.locate()
         self.kubeconfig = state_dir / "kubeconfig"
         self.t0 = time.monotonic()
+        if engine_name == "podman":  # every podman call kind makes reads it
+            state_dir.mkdir(parents=True, exist_ok=True)
+            (state_dir / "containers.conf").write_text(containers_conf())
 
     # ----- plumbing -----
     @property
@@ -188,7 +194,6 @@ class KindCluster:
     # ----- create and delete -----
     def create(self, image: str) -> None:
         self.state_dir.mkdir(parents=True, exist_ok=True)
-        (self.state_dir / "containers.conf").write_text(containers_conf())
         config = self.state_dir / "kind-config.yaml"
         config.write_text(yaml.safe_dump(kind_config(host_cgroup_v1()), sort_keys=False))
         if self.engine == "podman" and not self._network_exists("kind"):
@@ -358,15 +363,16 @@ def up(
     state_dir: Path | None = None,
     *,
     bundles: bool = False,
+    bundle_root: Path = REPO_ROOT,
     name: str = CLUSTER,
     log: Callable[[str], None] = lambda _m: None,
 ) -> KindCluster:
     """A kind cluster running Kueue and Kyverno in-cluster from images built here, with the
-    monitoring CRDs the controller/ bundle uses; with `bundles`, the rendered kueue/ policies/
-    controller/ applied by server-side apply (as Argo CD syncs them) and the controller image of
-    hack/build-image loaded under the name the bundle gives it."""
-    from ghostgpu.devcluster.bundles import apply_bundles, bundle_docs
-    from ghostgpu.devcluster.kube import Kube, load_yaml_docs
+    monitoring CRDs the controller/ bundle uses; with `bundles`, the kueue/ policies/ controller/
+    rendered in `bundle_root` (its examples/ghostgpu.yaml names the namespaces) applied by
+    server-side apply (as Argo CD syncs them) and the controller image of hack/build-image loaded
+    under the name the bundle gives it."""
+    from ghostgpu.devcluster.kube import load_yaml_docs
     from ghostgpu.devcluster.paths import Toolchain
 
     engine_name = preflight()
@@ -399,19 +405,29 @@ def up(
             "the ServiceMonitor and PrometheusRule CRDs",
         )
         if bundles:
-            deploy = next(d for d in bundle_docs("controller") if d["kind"] == "Deployment")
-            ref = deploy["spec"]["template"]["spec"]["containers"][0]["image"]
-            cluster.load(controller_archive(cluster.state_dir, ref))
-            cluster.say(f"loaded hack/build-image's image as {ref}")
-            errors = [e for errs in apply_bundles(Kube(cluster.kubeconfig)).values() for e in errs]
-            if errors:
-                raise KindError("the rendered bundles were refused:\n" + "\n".join(errors))
-            cluster.say("applied the rendered bundles: kueue/ policies/ controller/")
-            cluster.wait_deployments("ghostgpu-system", 180)
+            apply_rendered(cluster, bundle_root)
     except BaseException:
         cluster.delete()
         raise
     return cluster
+
+
+def apply_rendered(cluster: KindCluster, bundle_root: Path = REPO_ROOT) -> None:
+    """Load hack/build-image's controller image under the name the rendered controller/ bundle
+    gives it, server-side apply kueue/ policies/ controller/ from `bundle_root`, wait for the
+    controller."""
+    from ghostgpu.devcluster.bundles import apply_bundles, bundle_docs
+    from ghostgpu.devcluster.kube import Kube
+
+    deploy = next(d for d in bundle_docs("controller", bundle_root) if d["kind"] == "Deployment")
+    ref = deploy["spec"]["template"]["spec"]["containers"][0]["image"]
+    cluster.load(controller_archive(cluster.state_dir, ref))
+    cluster.say(f"loaded hack/build-image's image as {ref}")
+    errors = [e for errs in apply_bundles(Kube(cluster.kubeconfig), bundle_root).values() for e in errs]
+    if errors:
+        raise KindError("the rendered bundles were refused:\n" + "\n".join(errors))
+    cluster.say("applied the rendered bundles: kueue/ policies/ controller/")
+    cluster.wait_deployments("ghostgpu-system", 180)
 
 
 def down(state_dir: Path | None = None, name: str = CLUSTER) -> bool:
@@ -421,3 +437,90 @@ def down(state_dir: Path | None = None, name: str = CLUSTER) -> bool:
     existed = cluster.tools.kind.exists() and cluster.exists()
     cluster.delete()
     return existed
+
+
+def network_gateway(engine_name: str, network: str = "kind") -> str:
+    """The host's address on kind's container network: what a pod reaches the host at."""
+    fmt = (
+        "{{range .IPAM.Config}}{{.Gateway}} {{end}}"
+        if engine_name == "docker"
+        else "{{range .Subnets}}{{.Gateway}} {{end}}"
+    )
+    r = subprocess.run(
+        [engine_name, "network", "inspect", "--format", fmt, network],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    gateways = [g for g in r.stdout.split() if "." in g]
+    if r.returncode != 0 or not gateways:
+        raise KindError(f"no IPv4 gateway on the {network!r} network: {(r.stderr or r.stdout).strip()}")
+    return gateways[0]
+
+
+class HostSignals:
+    """The GPU signals of a kind cluster, on the host: the fake dcgm-exporter (the one double: no
+    GPU here) and Debian's Prometheus scraping it, listening on the kind network's gateway so the
+    controller in the cluster reaches it. `url` is what the controller's config names."""
+
+    def __init__(self, state_dir: Path, gateway: str) -> None:
+        from ghostgpu.devcluster.components import prometheus_config
+        from ghostgpu.devcluster.paths import Toolchain
+
+        def free_port(host: str) -> int:
+            with socket.socket() as sock:
+                sock.bind((host, 0))
+                return int(sock.getsockname()[1])
+
+        self.dir = state_dir / "signals"
+        self.dir.mkdir(parents=True, exist_ok=True)
+        dport, pport = free_port("127.0.0.1"), free_port(gateway)
+        self.dcgm_url, self.url = f"http://127.0.0.1:{dport}", f"http://{gateway}:{pport}"
+        cfg = self.dir / "prometheus.yml"
+        cfg.write_text(yaml.safe_dump(prometheus_config(dport), sort_keys=True))
+        logs = [(self.dir / f"{n}.log").open("w") for n in ("fake-dcgm", "prometheus")]
+        self.procs = [
+            subprocess.Popen(
+                [sys.executable, "-m", "ghostgpu.devcluster.fake_dcgm", f"--port={dport}"],
+                stdout=logs[0],
+                stderr=subprocess.STDOUT,
+                cwd=REPO_ROOT,
+            ),
+            subprocess.Popen(
+                [
+                    str(Toolchain.locate().prometheus),
+                    f"--config.file={cfg}",
+                    f"--storage.tsdb.path={self.dir / 'tsdb'}",
+                    f"--web.listen-address={gateway}:{pport}",
+                    "--storage.tsdb.retention.time=1h",
+                    "--log.level=warn",
+                ],
+                stdout=logs[1],
+                stderr=subprocess.STDOUT,
+            ),
+        ]
+        for f in logs:
+            f.close()
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                if (
+                    httpx.get(f"{self.url}/-/ready", timeout=2).status_code == 200
+                    and httpx.get(f"{self.dcgm_url}/healthz", timeout=2).status_code == 200
+                ):
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        self.stop()
+        raise KindError(f"Prometheus or the fake dcgm-exporter did not answer in 60 s (logs in {self.dir})")
+
+    def stop(self) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                p.terminate()
+                try:
+                    p.wait(timeout=15)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+                    p.wait()
