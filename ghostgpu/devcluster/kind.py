@@ -248,7 +248,7 @@ class KindCluster:
                 marker.unlink()
 
     def _network_exists(self, name: str) -> bool:
-        r = subprocess.run([self.engine, "network", "exists", name], capture_output=True, check=False)
+        r = subprocess.run([self.engine, "network", "inspect", name], capture_output=True, check=False)
         return r.returncode == 0
 
     # ----- images and add-ons -----
