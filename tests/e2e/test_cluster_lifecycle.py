@@ -52,12 +52,3 @@ def test_status_without_a_cluster_says_so(tmp_path: Path) -> None:
     res = CliRunner().invoke(app, ["devcluster", "status", "--state-dir", str(tmp_path / "none")])
     assert res.exit_code == 1 and "not started" in res.output
 
-
-def test_kind_provider_is_skipped_with_a_reason_without_docker(tmp_path: Path) -> None:
-    from ghostgpu.devcluster.cli import docker_available
-
-    ok, why = docker_available()
-    if ok:
-        pytest.skip("a Docker engine answers here")
-    res = CliRunner().invoke(app, ["devcluster", "up", "--provider", "kind", "--state-dir", str(tmp_path)])
-    assert res.exit_code == 2 and "kind provider skipped" in res.output and why in res.output
