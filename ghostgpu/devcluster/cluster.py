@@ -764,7 +764,16 @@ class _Starter:
         cfg = self.dir / "prometheus.yml"
         targets = self.dir / SCRAPE_TARGETS_DIR
         (targets / components.TENANT_PODS_DIR).mkdir(parents=True)
-        config = components.prometheus_config(dport, targets, prometheus_port=pport)
+        kubelet = None
+        if self.real_node:  # scraped from the start; it answers once the real node runs
+            pki = self.pki.dir
+            kubelet = components.KubeletScrape(
+                port=self.ports["kubelet"],
+                ca_file=self.pki.cert_path,
+                cert_file=pki / "kubelet-client.crt",
+                key_file=pki / "kubelet-client.key",
+            )
+        config = components.prometheus_config(dport, targets, prometheus_port=pport, kubelet=kubelet)
         cfg.write_text(yaml.safe_dump(config, sort_keys=True))
         self._prom_rec = self._start(
             "prometheus",
