@@ -68,9 +68,12 @@ class NodeImages(BaseModel):
     pause: str
     workload: str
     distroless: str
+    # A real Jupyter server and kernel and tmux: the idle-session workloads.
+    notebook: str
     pause_tar: str
     workload_tar: str
     distroless_tar: str
+    notebook_tar: str
 
 
 def build_images() -> NodeImages:
@@ -90,9 +93,11 @@ def build_images() -> NodeImages:
             pause=kv["PAUSE_IMAGE"],
             workload=kv["WORKLOAD_IMAGE"],
             distroless=kv["DISTROLESS_IMAGE"],
+            notebook=kv["NOTEBOOK_IMAGE"],
             pause_tar=kv["PAUSE_TAR"],
             workload_tar=kv["WORKLOAD_TAR"],
             distroless_tar=kv["DISTROLESS_TAR"],
+            notebook_tar=kv["NOTEBOOK_TAR"],
         )
     except KeyError as e:
         raise RuntimeError(f"hack/build-image --node-images printed no {e.args[0]}=: {r.stdout!r}") from e
@@ -317,7 +322,7 @@ def prepare(lay: Layout) -> None:
 
 
 def import_images(ctr: Path, lay: Layout, images: NodeImages) -> None:
-    for tar in (images.pause_tar, images.workload_tar, images.distroless_tar):
+    for tar in (images.pause_tar, images.workload_tar, images.distroless_tar, images.notebook_tar):
         r = subprocess.run(
             [
                 str(ctr),
