@@ -284,6 +284,9 @@ def kubelet_argv(kubelet: Path, lay: Layout, spec: GpuNodeSpec) -> list[str]:
         f"--cert-dir={lay.dir / 'kubelet-pki'}",
         f"--hostname-override={spec.name}",
         f"--node-labels={labels}",
+        # cAdvisor's own containerd client (not the CRI) names a container cgroup's pod, namespace
+        # and container; without our socket its container_* series carry none of those labels.
+        f"--containerd={lay.socket}",
         "--v=1",
     ]
 
