@@ -26,6 +26,8 @@ def test_kubelet_cadvisor_job_is_what_the_default_cpu_source_selects() -> None:
     (job,) = [j for j in cfg["scrape_configs"] if j["job_name"] == components.KUBELET_SCRAPE_JOB]
     assert job["metrics_path"] == "/metrics/cadvisor"
     assert job["scheme"] == "https"
+    # cAdvisor's own stamps (its housekeeping, every 10 s) would leave a 1 s scrape too few samples.
+    assert job["honor_timestamps"] is False
     assert job["static_configs"][0]["targets"] == ["127.0.0.1:10250"]
     assert job["tls_config"] == {
         "ca_file": "/pki/ca.crt",
