@@ -795,7 +795,16 @@ class _Starter:
         cfg = self.dir / "prometheus.yml"
         targets = self.dir / SCRAPE_TARGETS_DIR
         (targets / components.TENANT_PODS_DIR).mkdir(parents=True)
-        config = components.prometheus_config(dport, targets, prometheus_port=pport)
+        kubelet = None
+        if self.real_node:  # scraped from the start; it answers once the real node runs
+            pki = self.pki.dir
+            kubelet = components.KubeletScrape(
+                port=self.ports["kubelet"],
+                ca_file=self.pki.cert_path,
+                cert_file=pki / "kubelet-client.crt",
+                key_file=pki / "kubelet-client.key",
+            )
+        config = components.prometheus_config(dport, targets, prometheus_port=pport, kubelet=kubelet)
         if self.metrics_store == victoriametrics.VICTORIAMETRICS:
             cfg = self.dir / "victoriametrics-scrape.yml"
             cfg.write_text(yaml.safe_dump(victoriametrics.scrape_config(config), sort_keys=True))

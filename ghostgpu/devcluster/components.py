@@ -7,6 +7,7 @@ import base64
 import copy
 import json
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -348,6 +349,22 @@ AGENT_NAMESPACE = "ghostgpu-agent"  # what the bundle's agent ServiceMonitor giv
 
 TENANT_PODS_JOB = "kubernetes-pods"
 TENANT_PODS_DIR = "pods"  # under targets_dir: the file_sd targets of TENANT_PODS_JOB
+# The real node's kubelet, as kube-prometheus-stack's kubelet ServiceMonitor scrapes its cAdvisor
+# endpoint: this job and a metrics_path label, what controller.idleSessions.cpuSource selects by
+# default (the idle-session CPU rung reads container_cpu_usage_seconds_total from there alone).
+KUBELET_SCRAPE_JOB = "kubelet"
+KUBELET_CADVISOR_PATH = "/metrics/cadvisor"
+
+
+@dataclass(frozen=True)
+class KubeletScrape:
+    """Where the real node's kubelet serves HTTPS, and the client identity Prometheus scrapes it
+    with (the kubelet authenticates by x509 and authorizes through the apiserver)."""
+
+    port: int
+    ca_file: Path
+    cert_file: Path
+    key_file: Path
 
 
 def prometheus_config(
@@ -355,13 +372,15 @@ def prometheus_config(
     targets_dir: Path | None = None,
     scrape_interval: str = "1s",
     prometheus_port: int | None = None,
+    kubelet: KubeletScrape | None = None,
 ) -> dict[str, Any]:
     """Scrape the fake dcgm-exporter; with targets_dir, also every controller whose port a test
     registers there at runtime (file_sd: a JSON file per target, picked up without a reload), and
     every tenant pod a test registers under targets_dir/pods, as the prometheus-community chart's
     `kubernetes-pods` job scrapes annotated pods: with honor_labels, so that a tenant's exporter can
     write any label (what docs/threat-model.md assumes of a real cluster). With prometheus_port,
-    Prometheus also scrapes itself (its counters of dropped samples, which `ghostgpu doctor` reads)."""
+    Prometheus also scrapes itself (its counters of dropped samples, which `ghostgpu doctor` reads).
+    With kubelet, the real node's cAdvisor endpoint as job `kubelet` (KUBELET_SCRAPE_JOB)."""
     jobs: list[dict[str, Any]] = [
         {
             "job_name": "dcgm-exporter",
@@ -397,6 +416,32 @@ def prometheus_config(
                 "honor_labels": True,
                 "file_sd_configs": [
                     {"files": [str(targets_dir / TENANT_PODS_DIR / "*.json")], "refresh_interval": "1s"}
+                ],
+            }
+        )
+    if kubelet is not None:
+        jobs.append(
+            {
+                "job_name": KUBELET_SCRAPE_JOB,
+                "scrape_interval": scrape_interval,
+                "scheme": "https",
+                "metrics_path": KUBELET_CADVISOR_PATH,
+                # As the chart's ServiceMonitor: cAdvisor's namespace/pod/container labels are kept.
+                "honor_labels": True,
+                # cAdvisor stamps a sample with its housekeeping time (every 10 s or more); at this
+                # 1 s scrape the stamped samples would be one in ten, too few for the idle
+                # rungs' coverage at a 1 s scrapeInterval. Stamped with the scrape's time instead.
+                "honor_timestamps": False,
+                "tls_config": {
+                    "ca_file": str(kubelet.ca_file),
+                    "cert_file": str(kubelet.cert_file),
+                    "key_file": str(kubelet.key_file),
+                },
+                "static_configs": [
+                    {
+                        "targets": [f"127.0.0.1:{kubelet.port}"],
+                        "labels": {"metrics_path": KUBELET_CADVISOR_PATH},
+                    }
                 ],
             }
         )

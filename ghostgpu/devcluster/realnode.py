@@ -69,9 +69,12 @@ class NodeImages(BaseModel):
     pause: str
     workload: str
     distroless: str
+    # A real Jupyter server and kernel and tmux: the idle-session workloads.
+    notebook: str
     pause_tar: str
     workload_tar: str
     distroless_tar: str
+    notebook_tar: str
 
 
 def build_images() -> NodeImages:
@@ -91,9 +94,11 @@ def build_images() -> NodeImages:
             pause=kv["PAUSE_IMAGE"],
             workload=kv["WORKLOAD_IMAGE"],
             distroless=kv["DISTROLESS_IMAGE"],
+            notebook=kv["NOTEBOOK_IMAGE"],
             pause_tar=kv["PAUSE_TAR"],
             workload_tar=kv["WORKLOAD_TAR"],
             distroless_tar=kv["DISTROLESS_TAR"],
+            notebook_tar=kv["NOTEBOOK_TAR"],
         )
     except KeyError as e:
         raise RuntimeError(f"hack/build-image --node-images printed no {e.args[0]}=: {r.stdout!r}") from e
@@ -280,6 +285,9 @@ def kubelet_argv(kubelet: Path, lay: Layout, spec: GpuNodeSpec) -> list[str]:
         f"--cert-dir={lay.dir / 'kubelet-pki'}",
         f"--hostname-override={spec.name}",
         f"--node-labels={labels}",
+        # cAdvisor's own containerd client (not the CRI) names a container cgroup's pod, namespace
+        # and container; without our socket its container_* series carry none of those labels.
+        f"--containerd={lay.socket}",
         "--v=1",
     ]
 
@@ -318,7 +326,7 @@ def prepare(lay: Layout) -> None:
 
 
 def import_images(ctr: Path, lay: Layout, images: NodeImages) -> None:
-    for tar in (images.pause_tar, images.workload_tar, images.distroless_tar):
+    for tar in (images.pause_tar, images.workload_tar, images.distroless_tar, images.notebook_tar):
         r = subprocess.run(
             [
                 str(ctr),
