@@ -7,18 +7,20 @@ init wrappers aside, are all programs of a known class (a notebook, a terminal, 
 monitor: `idle_sessions.class_of`). A training job, whose program no list knows, gets none; the
 controller then cannot tell its class and does nothing with it, which is the safe direction.
 
-Per such container:
-- its class (`ghostgpu_agent_container_session{class}` = 1);
+Per such container, three series, four with a monitor (each is a series Prometheus keeps for every
+such container, so the class rides as a label instead of a series of its own):
 - the unix time the youngest process started, monitors and what they started aside (a command
-  typed, a new kernel): `ghostgpu_agent_container_newest_start_seconds`;
+  typed, a new kernel), labelled with the container's class:
+  `ghostgpu_agent_container_newest_start_seconds{class}`;
 - how many processes run or wait on I/O (R, D), monitors aside: `..._running`;
 - the wakeups (context switches) of the processes with a controlling terminal, tmux and screen
   aside (they redraw on their own clock): a keystroke wakes the shell that reads it:
   `..._tty_wakeups`, which only moves (the controller reads any change in the window as activity;
   a process that exits makes it fall, which reads as activity too: the safe direction);
-- the CPU seconds of monitors, with the children they started and reaped (`watch nvidia-smi`):
-  `..._monitor_cpu_seconds`, which the controller subtracts, up to an allowance, from the
-  container's CPU.
+- only where a monitor runs, the CPU seconds of monitors, with the children they started and
+  reaped (`watch nvidia-smi`): `..._monitor_cpu_seconds`, which the controller subtracts, up to an
+  allowance, from the container's CPU. Without the series nothing is subtracted: one lost on its
+  way reads as more CPU, the safe direction.
 """
 
 from __future__ import annotations
@@ -51,7 +53,7 @@ class IdleFacts:
     newest_start_age_s: int  # elapsed seconds of the youngest process, monitors aside
     running: int
     tty_wakeups: int
-    monitor_cpu_s: float
+    monitor_cpu_s: float | None  # None: no monitor runs
 
 
 def _is_monitor(args: str) -> bool:
@@ -106,7 +108,7 @@ def idle_facts(group: Sequence[HostProcess]) -> IdleFacts | None:
         newest_start_age_s=min((p.elapsed_s for p in live), default=10**9),
         running=sum(p.stat[:1] in ("R", "D") for p in live),
         tty_wakeups=sum(p.wakeups for p in live if p.tty and program_of(p.args)[0] not in _MULTIPLEXERS),
-        monitor_cpu_s=round(sum(p.cpu_ticks for p in monitors) / _CLK_TCK, 2),
+        monitor_cpu_s=round(sum(p.cpu_ticks for p in monitors) / _CLK_TCK, 2) if monitors else None,
     )
 
 
@@ -117,15 +119,11 @@ class IdleFactsCollector(Collector):
         self._last = last
 
     def collect(self) -> Iterator[Metric]:
-        session = GaugeMetricFamily(
-            "ghostgpu_agent_container_session",
-            "The idle-session class of a GPU container (notebook, terminal, server, monitor).",
-            labels=[*LABELS, "class"],
-        )
         newest = GaugeMetricFamily(
             "ghostgpu_agent_container_newest_start_seconds",
-            "Unix time the youngest process of the container started, monitors aside.",
-            labels=list(LABELS),
+            "Unix time the youngest process of the container started, monitors aside; `class`: its "
+            "idle-session class (notebook, terminal, server, monitor).",
+            labels=[*LABELS, "class"],
         )
         running = GaugeMetricFamily(
             "ghostgpu_agent_container_running",
@@ -139,7 +137,8 @@ class IdleFactsCollector(Collector):
         )
         monitor_cpu = GaugeMetricFamily(
             "ghostgpu_agent_container_monitor_cpu_seconds",
-            "CPU seconds of the container's monitors (watch, top, tail -f) and their children.",
+            "CPU seconds of the container's monitors (watch, top, tail -f) and their children; only "
+            "where a monitor runs.",
             labels=list(LABELS),
         )
         r = self._last()
@@ -149,9 +148,10 @@ class IdleFactsCollector(Collector):
                 if facts is None:
                     continue
                 labels = list(key)
-                session.add_metric([*labels, facts.session_class.value], 1)
-                newest.add_metric(labels, r.timestamp - facts.newest_start_age_s)
+                newest_start = r.timestamp - facts.newest_start_age_s
+                newest.add_metric([*labels, facts.session_class.value], newest_start)
                 running.add_metric(labels, facts.running)
                 tty.add_metric(labels, facts.tty_wakeups)
-                monitor_cpu.add_metric(labels, facts.monitor_cpu_s)
-        yield from (session, newest, running, tty, monitor_cpu)
+                if facts.monitor_cpu_s is not None:
+                    monitor_cpu.add_metric(labels, facts.monitor_cpu_s)
+        yield from (newest, running, tty, monitor_cpu)

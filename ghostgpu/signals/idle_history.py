@@ -93,7 +93,7 @@ def history_query(
     }.items():
         parts[name] = _relabel(expr, ns_label, pod_label, "tracked_namespace", "tracked_pod")
     classes = _relabel(
-        f"max by ({tb}, class) (last_over_time({AGENT}session{{{agent}}}[{w}]))",
+        f"count by ({tb}, class) (last_over_time({AGENT}newest_start_seconds{{{agent}}}[{w}]))",
         ns_label,
         pod_label,
         "tracked_namespace",

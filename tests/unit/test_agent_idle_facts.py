@@ -91,8 +91,13 @@ def test_the_series_are_exported_only_for_containers_with_facts() -> None:
     registry = CollectorRegistry()
     registry.register(IdleFactsCollector(lambda: result))
     text = generate_latest(registry).decode()
-    assert 'ghostgpu_agent_container_session{class="notebook",tracked_container="main"' in text
-    assert "1.7999999e+09" in text or "1.7999999e+9" in text  # newest start: the scan time - 100 s
+    # Three series for the notebook (no monitor: no monitor series), none for the training job.
+    rows = [line for line in text.splitlines() if line and not line.startswith("#")]
+    assert len(rows) == 3, rows
+    newest = next(line for line in rows if line.startswith("ghostgpu_agent_container_newest_start_seconds{"))
+    assert 'class="notebook"' in newest
+    assert newest.endswith(("1.7999999e+09", "1.7999999e+9"))  # newest start: the scan time - 100 s
+    assert "monitor_cpu" not in "".join(rows)
     assert "train-0" not in text
 
 

@@ -30,11 +30,9 @@ def agent(
     """The node agent's idle-session series of one pod's container (agent/idle_facts.py)."""
     out = [
         {
-            "series": f'ghostgpu_agent_container_session{{{AGENT},tracked_pod="{pod}",class="{cls}"}}',
-            "values": "1x45",
-        },
-        {
-            "series": f'ghostgpu_agent_container_newest_start_seconds{{{AGENT},tracked_pod="{pod}"}}',
+            "series": (
+                f'ghostgpu_agent_container_newest_start_seconds{{{AGENT},tracked_pod="{pod}",class="{cls}"}}'
+            ),
             "values": newest,
         },
         {"series": f'ghostgpu_agent_container_running{{{AGENT},tracked_pod="{pod}"}}', "values": running},
