@@ -189,7 +189,7 @@ def test_a_ghost_is_caught_and_restored(kc: Kind) -> None:
     def mark(what: str) -> None:
         marks[what] = round(time.monotonic() - t0, 1)
 
-    images = kind._hack("build-image", "--node-images")
+    images = kind.node_images()
     kc.cluster.load(Path(images["WORKLOAD_TAR"]))
     node = kc.kubectl("get", "nodes", "-o", "jsonpath={.items[0].metadata.name}")
     # The node as an H100 node of 8 GPUs: the flavor's label, the extended resource as the
