@@ -312,6 +312,12 @@ def addon_images() -> dict[str, str]:
     return _hack("build-kind-node", "--addon-images")
 
 
+def node_images() -> dict[str, str]:
+    """hack/build-image --node-images (reuses built archives): WORKLOAD_IMAGE, WORKLOAD_TAR, ...; the
+    workload image is what a ghost on kind runs (`sh`, `ps`, python3), loaded with `load`."""
+    return _hack("build-image", "--node-images")
+
+
 def controller_archive(dest: Path, ref: str) -> Path:
     """The image hack/build-image makes, as a docker-archive tagged `ref` (the image the rendered
     controller/ bundle names), so the bundle applies unchanged."""

@@ -21,7 +21,9 @@ def test_grants_follow_the_bundles_bindings() -> None:
     exec_mode = cfg.model_copy(
         update={"controller": cfg.controller.model_copy(update={"process_source": "exec"})}
     )
-    assert Grant("team-a", "", "pods/exec", "create") in grants(render_objects(exec_mode), ["team-a"])
+    exec_grants = grants(render_objects(exec_mode), ["team-a"])
+    assert Grant("team-a", "", "pods/exec", "create") in exec_grants
+    assert Grant("team-a", "", "pods/exec", "get") in exec_grants  # the websocket upgrade is a GET
     got = set(grants(render_objects(cfg), ["team-a"]))
     ctrl_ns = cfg.controller.namespace
     assert Grant("", "", "pods", "watch") in got  # ClusterRoleBinding: cluster-wide

@@ -74,7 +74,11 @@ def test_exec_mode_is_the_bundle_as_before() -> None:
             o for o in objects(c) if o["kind"] == "DaemonSet" or "ghostgpu-agent" in str(o["metadata"])
         ]
         role = one(objects(c), "ClusterRole", "ghostgpu-controller-namespaced")
-        assert {"apiGroups": [""], "resources": ["pods/exec"], "verbs": ["create"]} in role["rules"]
+        exec_rules = [r for r in role["rules"] if "pods/exec" in r["resources"]]
+        # Exactly these two verbs: the controller's exec is a websocket upgrade, a GET, which the
+        # apiserver authorizes as `get` on pods/exec, and Kubernetes 1.35 also as `create`
+        # (AuthorizePodWebsocketUpgradeCreatePermission); with either alone every exec is a 403.
+        assert exec_rules == [{"apiGroups": [""], "resources": ["pods/exec"], "verbs": ["get", "create"]}]
     assert "controller/agent.yaml" in render_bundles(cfg("agent"))
 
 
