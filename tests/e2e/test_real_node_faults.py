@@ -267,7 +267,9 @@ def test_main_process_killed_with_an_unreaped_child_is_a_zombie_only_when_every_
     wait_for(lambda: node.replicas("zombie") == 0, 90, "the zombie reclaimed")
     lines = node.decisions("zombie", t0)
     crashed = [d for d in lines if d["verdict"] == "ZOMBIE_CRASHED"]
-    assert crashed and "defunct-only" in crashed[0]["reasons"], lines
+    assert crashed and "defunct-only" in crashed[0]["reasons"], [
+        (round(d["ts"] - t0, 1), d["verdict"], d["action"], d["reasons"]) for d in lines
+    ]
     assert all(d["verdict"] != "ZOMBIE_CRASHED" for d in lines if d["ts"] < crashed[0]["ts"])
     node.check_live_kept()
 
