@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import yaml
 from rich.console import Console
 from rich.table import Table
 
@@ -244,7 +245,12 @@ class KindDemo:
             "allocatable (as a device plugin would advertise them)"
         )
         self.typed("create", "namespace", GHOST_NS)
-        self.cluster.apply([ghost_deployment(images["WORKLOAD_IMAGE"])], "the ghost")
+        self.console.print(
+            "[bold]$ kubectl apply -f notebook.yaml[/]  # a Deployment asking for 1 GPU, no queue"
+        )
+        self.cluster.kubectl(
+            "apply", "-f", "-", stdin=yaml.safe_dump(ghost_deployment(images["WORKLOAD_IMAGE"]))
+        )
         pod = wait(self.ghost_pod, 120, "the ghost's pod running")
         FakeDcgmClient(self.signals.dcgm_url).set(GHOST_NS, pod, util=0.0, fb_used_mib=0, node=node)
         tell(
