@@ -161,27 +161,52 @@ def status(state_dir: Path | None = _STATE) -> None:
         raise typer.Exit(1)
 
 
-_DEMO_STATE = typer.Option(None, "--state-dir", help="State directory (default ~/.cache/ghostgpu/demo).")
+_DEMO_STATE = typer.Option(
+    None,
+    "--state-dir",
+    help="State directory (default ~/.cache/ghostgpu/demo; with --provider kind ~/.cache/ghostgpu/kind).",
+)
 
 
 @app.command()
 def demo(
     state_dir: Path | None = _DEMO_STATE,
     keep: bool = typer.Option(False, "--keep", help="Leave the cluster up afterwards, for exploring."),
-    polls: int = typer.Option(5, "--polls", min=1, help="Shadow-mode polls to show before enforcing."),
+    polls: int = typer.Option(
+        5, "--polls", min=1, help="Shadow-mode polls to show before enforcing (local provider)."
+    ),
+    provider: str = typer.Option(
+        "local",
+        help="local (the devcluster's real node: a fleet, shadow then enforce, a Kueue Job) or kind "
+        "(one ghost on a kind cluster with Docker or podman, the rendered bundles applied, the "
+        "controller in the cluster; state default ~/.cache/ghostgpu/kind; docs/kind.md).",
+    ),
 ) -> None:
     """Watch the controller catch ghosts: a fleet on the real node judged in shadow mode
     (verdicts, `ghostgpu status`, `ghostgpu report`), then enforced (ghosts stopped, a waiting Kueue
-    Job admitted), then one restored. Cleans up completely unless --keep. Needs root and hack/testbin."""
+    Job admitted), then one restored. Cleans up completely unless --keep. Needs root and hack/testbin.
+
+    --provider kind: a kind cluster as `devcluster up --provider kind` makes it, the bundles
+    rendered and applied as a user would, one finished notebook opted in, stopped by the controller
+    in the cluster, then restored."""
     require("kubernetes", "devcluster", "ghostgpu devcluster")
     from rich.console import Console
 
-    from ghostgpu.devcluster.demo import run
+    from ghostgpu.boundary import input_error
 
+    if provider not in ("local", "kind"):
+        raise input_error(f"--provider {provider!r}: unknown", "give --provider local (the default) or kind")
     console = Console()
     if not console.is_terminal:
         console = Console(width=140)  # a log or CI: wide enough that tables keep one row a line
     try:
+        if provider == "kind":
+            from ghostgpu.devcluster import kind_demo
+
+            kind_demo.run(state_dir, keep=keep, console=console)  # DemoError: error:/fix:, exit 2
+            return
+        from ghostgpu.devcluster.demo import run
+
         run(state_dir, keep=keep, polls=polls, console=console)  # DemoError: error:/fix:, exit 2
     except KeyboardInterrupt:
         typer.echo("devcluster demo: interrupted", err=True)
