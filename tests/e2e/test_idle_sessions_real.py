@@ -17,7 +17,8 @@ own `ps`.
 - an idle kernel whose signals fail during its warning is never stopped on them: its GPU series
   gone across the deadline, then its GPU back while the node agent hangs (SIGSTOP: its scans go
   stale, its target's scrapes fail), then Prometheus hangs (queries time out, a gap in every
-  series); the warning stays, the decision log holds it (`idle-hold`)
+  series), then the node's kubelet stops (the exec of `ps` fails, cAdvisor is not scraped); the
+  warning stays, the decision log holds it (`idle-hold`)
   while they last, and the stop comes only once a full `after` + `warnBefore` of fresh evidence
   holds again.
 
@@ -69,8 +70,9 @@ AGENT_TARGET = "idle-agent"
 BUSY_S = AFTER + WARN_BEFORE + 180
 # The faulted session: how long past its deadline its GPU series stay gone, how long the agent
 # hangs after that (its GPU series back: their gap alone then holds the stop for about a window).
-# Then Prometheus hangs (SIGSTOP: queries time out, nothing is scraped) for PROMETHEUS_HUNG.
-GPU_GONE_PAST_DEADLINE, AGENT_HUNG, PROMETHEUS_HUNG = 20, 20, 15
+# Then Prometheus hangs (SIGSTOP: queries time out, nothing is scraped) for PROMETHEUS_HUNG, then
+# the node's kubelet is stopped for KUBELET_DOWN (the exec of `ps` fails, cAdvisor is not scraped).
+GPU_GONE_PAST_DEADLINE, AGENT_HUNG, PROMETHEUS_HUNG, KUBELET_DOWN = 20, 20, 15, 15
 BUSY_CELL = (
     "import time\n"
     f"end = time.time() + {BUSY_S}\n"
@@ -219,7 +221,8 @@ class FaultScript(threading.Thread):
     watching its Deployment every second meanwhile: the GPU double's series of its pod removed from
     the warning to GPU_GONE_PAST_DEADLINE past the deadline; then, once the idle kernel's own stop
     is done (the agent and Prometheus are shared), its series back and the agent SIGSTOPped for
-    AGENT_HUNG seconds, then Prometheus for PROMETHEUS_HUNG. Any stop seen while a fault lasts, or
+    AGENT_HUNG seconds, then Prometheus for PROMETHEUS_HUNG, then the kubelet stopped for
+    KUBELET_DOWN and started again as it ran. Any stop seen while a fault lasts, or
     the warning withdrawn, is a violation."""
 
     def __init__(self, bench: Bench, agent: subprocess.Popen[bytes]) -> None:
@@ -269,6 +272,13 @@ class FaultScript(threading.Thread):
         self._watch_until(lambda: time.monotonic() >= end, "Prometheus hung")
         os.kill(self.prometheus, signal.SIGCONT)
         self.marks["prometheus-back"] = time.monotonic()
+        launch = b.cluster.stop_node_daemon("kubelet")
+        try:
+            end = time.monotonic() + KUBELET_DOWN
+            self._watch_until(lambda: time.monotonic() >= end, "kubelet down")
+        finally:
+            b.cluster.start_node_daemon(launch)
+        self.marks["kubelet-back"] = time.monotonic()
 
     def _warning(self, limit: float) -> dict[str, str]:
         end = time.monotonic() + limit
@@ -480,7 +490,8 @@ def test_a_warned_kernel_is_never_stopped_on_a_failed_or_stale_signal(bench: Ben
     """Runs last: the fault script started with the fixture and follows the session's timeline."""
     faults, s = bench.faults, bench.faulted
     assert faults is not None
-    faults.join(timeout=AFTER + WARN_BEFORE + GPU_GONE_PAST_DEADLINE + AGENT_HUNG + PROMETHEUS_HUNG + 240)
+    faults_s = GPU_GONE_PAST_DEADLINE + AGENT_HUNG + PROMETHEUS_HUNG + KUBELET_DOWN
+    faults.join(timeout=AFTER + WARN_BEFORE + faults_s + 240)
     assert not faults.is_alive(), "the fault script did not end"
     assert faults.error is None, repr(faults.error)
     assert faults.violations == [], faults.violations
@@ -499,8 +510,8 @@ def test_a_warned_kernel_is_never_stopped_on_a_failed_or_stale_signal(bench: Ben
     wait_for(lambda: bench.replicas(s) == 0, AFTER + WARN_BEFORE + 90, "the faulted kernel stopped at last")
     stopped = time.monotonic()
     coverage = IdleSessionsConfig().coverage
-    since = stopped - marks["prometheus-back"]
-    print(f"[idle-real] faulted session stopped {since:.0f}s after Prometheus came back")
+    since = stopped - marks["kubelet-back"]
+    print(f"[idle-real] faulted session stopped {since:.0f}s after the kubelet came back")
     assert since >= coverage * (AFTER + WARN_BEFORE) - 8, since
     wait_for(lambda: any(e.reason == "IdleSessionStopped" for e in bench.events(s)), 30, "the stop's Event")
     stops = [d for d in decisions_of(bench, s) if d.get("action") == "idle-stop"]
