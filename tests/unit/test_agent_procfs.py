@@ -415,6 +415,11 @@ def test_a_real_process_read_through_its_open_directory_cannot_be_another_once_i
     that directory fails (ESRCH) instead of reading whoever gets the pid, so `read_process` sees
     it gone; before that, the same reads give the process's own row."""
     child = subprocess.Popen(["sleep", "60"])
+    # Popen returns once exec has passed the point of no return (its close-on-exec pipe closed),
+    # which can be before the kernel has set up the new command line: wait for it.
+    deadline = time.monotonic() + 10
+    while not Path(f"/proc/{child.pid}/cmdline").read_bytes() and time.monotonic() < deadline:
+        time.sleep(0.01)
     fd = os.open(f"/proc/{child.pid}", os.O_RDONLY | os.O_DIRECTORY)
     try:
         ref = ContainerRef(pod_uid="u", container_id="c")
