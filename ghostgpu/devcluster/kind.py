@@ -26,6 +26,7 @@ from typing import Any
 import httpx
 import yaml
 
+from ghostgpu.devcluster import realnode
 from ghostgpu.devcluster.paths import REPO_ROOT, cache_root, read_versions
 
 CLUSTER = "ghostgpu"
@@ -200,6 +201,10 @@ class KindCluster:
             (self.state_dir / "created-network").write_text("kind\n")
         # kind bind-mounts /lib/modules into the node; a kernel without modules has none.
         Path("/lib/modules").mkdir(parents=True, exist_ok=True)
+        # The node's kubelet sets the host's kernel tunables too (they are not namespaced): the
+        # host's values are written down first and put back by `delete`, shared with real nodes.
+        (self.state_dir / realnode.CONTAINER_NODE_MARK).touch()
+        realnode.hold_sysctls(self.state_dir)
         self.say(f"kind create cluster --name {self.name} --image {image} ({self.engine})")
         self.run(
             [
@@ -246,6 +251,8 @@ class KindCluster:
                 if not users:
                     subprocess.run(["podman", "network", "rm", "kind"], capture_output=True, check=False)
                 marker.unlink()
+        (self.state_dir / realnode.CONTAINER_NODE_MARK).unlink(missing_ok=True)
+        realnode.release_sysctls(self.state_dir)
 
     def _network_exists(self, name: str) -> bool:
         r = subprocess.run([self.engine, "network", "inspect", name], capture_output=True, check=False)

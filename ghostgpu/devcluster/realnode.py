@@ -366,6 +366,15 @@ def _ledger() -> Iterator[Path]:
         yield LEDGER_DIR / "realnode-sysctls.json"
 
 
+# A holder whose kubelet runs in a node container (kind's) cannot be found among the host's
+# processes: it marks its state dir with this file while its cluster exists.
+CONTAINER_NODE_MARK = "container-node-holds-sysctls"
+
+
+def _holder_alive(state_dir: Path) -> bool:
+    return kubelet_running(state_dir) or (state_dir / CONTAINER_NODE_MARK).exists()
+
+
 def hold_sysctls(state_dir: Path) -> None:
     """Before a kubelet starts: write down the host's values (unless another real node already
     did, whose kubelet has changed them) and count this state dir as one holder."""
@@ -383,7 +392,7 @@ def release_sysctls(state_dir: Path) -> dict[str, str]:
         if not f.exists():
             return {}
         doc = json.loads(f.read_text())
-        doc["holders"] = [h for h in doc["holders"] if h != str(state_dir) and kubelet_running(Path(h))]
+        doc["holders"] = [h for h in doc["holders"] if h != str(state_dir) and _holder_alive(Path(h))]
         if doc["holders"]:
             f.write_text(json.dumps(doc, indent=2, sort_keys=True))
             return {}

@@ -142,3 +142,22 @@ def test_a_node_daemon_restarts_as_it_ran_and_only_this_state_dirs(
             if p is not None:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(p, signal.SIGKILL)
+
+
+def test_a_kind_node_holds_the_sysctls_until_its_cluster_is_deleted(
+    fake_sysctls: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """kind's kubelet runs in a node container, not among the host's processes: its state dir's
+    mark keeps it a holder while a real node's release runs, and its own release puts them back."""
+    monkeypatch.setattr(realnode, "kubelet_running", lambda d: False)
+    kind, real = tmp_path / "kind", tmp_path / "real"
+    kind.mkdir()
+    (kind / realnode.CONTAINER_NODE_MARK).touch()
+    realnode.hold_sysctls(kind)
+    fake_sysctls["kernel.panic"].write_text("10\n")  # what the node container's kubelet does
+    realnode.hold_sysctls(real)
+    assert realnode.release_sysctls(real) == {}
+    assert fake_sysctls["kernel.panic"].read_text().strip() == "10"
+    (kind / realnode.CONTAINER_NODE_MARK).unlink()
+    assert realnode.release_sysctls(kind)["kernel.panic"] == "0"
+    assert fake_sysctls["kernel.panic"].read_text().strip() == "0"
