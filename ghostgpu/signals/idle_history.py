@@ -19,12 +19,15 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from ghostgpu.config import MetricsPreset, _promql_alternation
 from ghostgpu.idle_policy import SessionClass
 from ghostgpu.idle_sessions import WindowEvidence
 from ghostgpu.promql import label_matchers
 from ghostgpu.verdict import FailureReason, SignalFailure
+
+_T = TypeVar("_T", int, float)
 
 FIELDS = (
     "util_max", "util_count", "fb_min", "fb_max", "cpu", "cpu_count", "last_busy",
@@ -179,11 +182,14 @@ class WorkloadHistory:
         series needs are a failure: a gap may hide a process that came and went."""
         thin = SignalFailure(reason=FailureReason.STALE, detail="too few agent scans in the window")
         agent_ok = not isinstance(self.agent_samples, SignalFailure) and self.agent_samples > 0
-        age: float | SignalFailure = (
-            self.newest_start
-            if isinstance(self.newest_start, SignalFailure)
-            else (now - self.newest_start if agent_ok else thin)
-        )
+
+        def scanned(v: _T | SignalFailure) -> _T | SignalFailure:
+            """An agent fact as read, or `thin` when the window holds no scan of the agent's."""
+            return v if agent_ok or isinstance(v, SignalFailure) else thin
+
+        age = scanned(self.newest_start)
+        if not isinstance(age, SignalFailure):
+            age = now - age
         return WindowEvidence(
             window_s=window_s,
             expected_samples=expected_samples,
@@ -195,10 +201,8 @@ class WorkloadHistory:
             cpu_samples=self.cpu_samples,
             monitor_cpu_seconds=self.monitor_cpu,
             youngest_process_age_s=age,
-            running_processes=self.running if agent_ok or isinstance(self.running, SignalFailure) else thin,
-            terminal_wakeups=self.tty_changes
-            if agent_ok or isinstance(self.tty_changes, SignalFailure)
-            else thin,
+            running_processes=scanned(self.running),
+            terminal_wakeups=scanned(self.tty_changes),
             last_busy_at=self.last_busy_at,
             lookback_s=lookback_s,
         )
