@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from ghostgpu.devcluster import kind
+from ghostgpu.devcluster import kind, realnode
 from ghostgpu.devcluster.kind_demo import GHOST, GHOST_NS, KindDemo, result_table
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(900)]
@@ -57,6 +57,10 @@ def kc(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KindDemo]:
     name = f"ghostgpu-e2e-{uuid.uuid4().hex[:6]}"
     volumes_before = _engine_objects(engine, "volume")
     networks_before = _engine_objects(engine, "network")
+    # The node container's kubelet changes the host's kernel tunables; with no real node holding
+    # them (another test worker's devcluster), deleting the cluster puts the host's values back.
+    ledger = realnode.LEDGER_DIR / "realnode-sysctls.json"
+    sysctls_before = None if ledger.exists() else realnode.read_sysctls()
     # What the demo prints, shown (-s) and kept for the ghost test's checks.
     console = Console(width=140, record=True)
     try:
@@ -67,6 +71,8 @@ def kc(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KindDemo]:
         assert _engine_objects(engine, "volume") <= volumes_before, "a volume of the kind node was left"
         assert _engine_objects(engine, "network") <= networks_before, "kind's network was left behind"
         assert "cleaned up: the kind cluster" in console.export_text()
+        if sysctls_before is not None and not ledger.exists():
+            assert realnode.read_sysctls() == sysctls_before, "the host's kernel tunables were left changed"
 
 
 def test_kueue_kyverno_and_the_controller_run_in_the_cluster_from_local_images(kc: KindDemo) -> None:
