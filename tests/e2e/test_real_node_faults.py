@@ -74,6 +74,10 @@ SHAPES = {
     ),
 }
 NEVER = {"gap", "oom"}  # live throughout
+# Samples of zero before IDLE_HELD: far past the module's length, so that the live ones (idle GPU,
+# live process) stay ACTIVE however slow the machine is. A 60-sample window was reached on a loaded
+# run, and the OOM test then waited for an ACTIVE that IDLE_HELD had rightly replaced.
+LONG_WINDOW = 3600
 
 
 @dataclass
@@ -149,7 +153,7 @@ def node(devcluster: DevCluster, tmp_path_factory: pytest.TempPathFactory) -> It
     tmp = tmp_path_factory.mktemp("realfaults")
     cfg_path = controller_config(tmp, devcluster.state.prometheus_url, "enforce")
     cfg = yaml.safe_load(cfg_path.read_text())
-    cfg["controller"]["longWindow"] = 60  # no run here reaches IDLE_HELD
+    cfg["controller"]["longWindow"] = LONG_WINDOW
     cfg_path.write_text(yaml.safe_dump(cfg))
     dcgm = devcluster.dcgm
     n = Node(devcluster, ns, Controller(devcluster.kubeconfig, cfg_path, tmp, "realfaults"), dcgm, pods)
@@ -319,7 +323,7 @@ def test_agent_replaced_during_polls_holds_while_no_agent_reports(
     agent_ns = f"{node.ns}-agents"
     path = controller_config(tmp_path, prometheus_url, "enforce", process_source="agent")
     cfg = yaml.safe_load(path.read_text())
-    cfg["controller"]["longWindow"] = 60
+    cfg["controller"]["longWindow"] = LONG_WINDOW
     cfg["controller"]["metrics"]["agentSource"] = {"job": "ghostgpu-controller", "namespace": agent_ns}
     path.write_text(yaml.safe_dump(cfg))
     old = start_agent(node, "agent-old", agent_ns)
