@@ -182,6 +182,16 @@ _SC_STATE = typer.Option(Path("/tmp/ghostgpu-scale"), "--state-dir", help="Clust
 _SC_JSON_OUT = typer.Option(None, "--json-out", help="Save the raw results here.")
 _SC_FROM_JSON = typer.Option(None, "--from-json", help="Re-render saved results instead of running.")
 _SC_PLOT = typer.Option(None, "--plot", help="Write the log-log cost plot (PNG).")
+_SC_IDLE_SESSIONS = typer.Option(
+    False,
+    "--idle-sessions",
+    help="Make a share of the idle pods idle Jupyter sessions (IDLE_HELD) and run the agent-mode "
+    "controller once more with controller.idleSessions in shadow mode: the history query's cost per "
+    "poll, in the controller and in Prometheus (docs/idle-sessions.md).",
+)
+_SC_SESSION_FRACTION = typer.Option(
+    0.5, "--session-fraction", min=0.0, max=1.0, help="With --idle-sessions: the idle pods that are sessions."
+)
 _SC_BACKEND = typer.Option(
     "prometheus",
     "--backend",
@@ -202,6 +212,8 @@ def bench_scale(
     from_json: Path | None = _SC_FROM_JSON,
     plot: Path | None = _SC_PLOT,
     backend: str = _SC_BACKEND,
+    idle_sessions: bool = _SC_IDLE_SESSIONS,
+    session_fraction: float = _SC_SESSION_FRACTION,
 ) -> None:
     """Scale bench: per-poll cost of the controller vs a naive cron script at each N.
 
@@ -241,6 +253,8 @@ def bench_scale(
         plot_path=plot,
         echo=typer.echo,
         backends=stores,
+        idle_sessions=idle_sessions,
+        session_fraction=session_fraction,
     )
     if code:
         raise typer.Exit(code)

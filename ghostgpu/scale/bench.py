@@ -29,9 +29,17 @@ from ghostgpu.devcluster import procs
 from ghostgpu.devcluster.cluster import DevCluster
 from ghostgpu.devcluster.nodes import GpuNodeSpec
 from ghostgpu.devcluster.paths import REPO_ROOT
-from ghostgpu.scale import backends
+from ghostgpu.scale import backends, sessions
 from ghostgpu.scale.exporter import SCRAPE_INTERVAL, start_metrics
-from ghostgpu.scale.fleet import GPUS_PER_NODE, FleetSpec, KubeHTTP, ensure_base, grow_pods, pod_uids
+from ghostgpu.scale.fleet import (
+    GPUS_PER_NODE,
+    FleetSpec,
+    KubeHTTP,
+    ensure_base,
+    ensure_session_execs,
+    grow_pods,
+    pod_uids,
+)
 from ghostgpu.signals.utilization import PodKey, QuerySpec, every_signal_query
 
 # The controller's two process sources, measured in this order at each N: agent mode (the
@@ -60,6 +68,27 @@ class Side:
     # ghostgpu only: steady writes per poll (the budgeted requests but exec), what "requests <=
     # 5 + writes" allows beyond the 5.
     writes: float | None = None
+
+
+@dataclass
+class IdleSessionsRun:
+    """The agent-mode controller again with `controller.idleSessions` on (sessions.py), against the
+    same fleet, right after the run without it: its steady poll, what the history read cost it and
+    Prometheus, and what the ladder said."""
+
+    side: Side
+    sessions: int  # idle-session pods in the fleet (IDLE_HELD when the verdict is reached)
+    policy: dict[str, Any]  # controller.idleSessions as the bench set it
+    states: dict[str, int] = field(default_factory=dict)  # the last poll's verdicts
+    # sessions.steady_history: history queries per poll and their wall time in the controller, the
+    # act room's wall time, the candidates and the ladder's steps.
+    history: dict[str, Any] = field(default_factory=dict)
+    # sessions.history_cost: the history query timed against the bench's Prometheus (best of 3):
+    # the ladder's, a stop's re-read, and the default policy's (3 h, lookback 8 h).
+    cost: dict[str, dict[str, Any]] = field(default_factory=dict)
+    decisions: dict[str, int] = field(default_factory=dict)  # decision-log rows by action
+    polls: list[dict[str, Any]] = field(default_factory=list)
+    series_age_s: float | None = None  # how long the sessions' series existed at the run's start
 
 
 @dataclass
@@ -99,6 +128,23 @@ class SizeResult:
     # first) the agent-mode controller against it (ghostgpu.scale.backends).
     backend: str = "prometheus"
     backends: dict[str, backends.BackendResult] = field(default_factory=dict)
+    # `--idle-sessions`: the run with controller.idleSessions on (None: not measured).
+    idle_sessions: IdleSessionsRun | None = None
+
+    @property
+    def idle_sessions_extra_cpu_s(self) -> float | None:
+        """The steady cycle's CPU with idle sessions on less the same run's without them."""
+        i, a = self.idle_sessions, self.ghostgpu
+        if i is None or i.side.cycle_cpu_s is None or a.cycle_cpu_s is None:
+            return None
+        return round(i.side.cycle_cpu_s - a.cycle_cpu_s, 4)
+
+    @property
+    def idle_sessions_floor_ratio(self) -> float | None:
+        i = self.idle_sessions
+        if i is None or i.side.cycle_cpu_s is None or not self.floor_s:
+            return None
+        return i.side.cycle_cpu_s / self.floor_s
 
     @property
     def exec_cpu_per_candidate_s(self) -> float | None:
@@ -136,6 +182,18 @@ class BenchConfig:
     burst: int = 30
     # The metrics stores measured (ghostgpu.scale.backends): the first in full, the others again.
     backends: Sequence[str] = ("prometheus",)
+    # Idle sessions (sessions.py): a share of the idle pods are idle Jupyter sessions, every
+    # controller run keeps longWindow = window (so they reach IDLE_HELD within the run), and the
+    # agent-mode controller runs once more with controller.idleSessions on. Off: the fleet and the
+    # runs are as they were, so earlier results stay comparable.
+    idle_sessions: bool = False
+    session_fraction: float = 0.5
+    session_after_s: int = sessions.SessionPolicy().after_s
+    session_warn_before_s: int = sessions.SessionPolicy().warn_before_s
+
+    @property
+    def session_policy(self) -> sessions.SessionPolicy:
+        return sessions.SessionPolicy(after_s=self.session_after_s, warn_before_s=self.session_warn_before_s)
 
     def __post_init__(self) -> None:
         if not self.nodes:
@@ -235,12 +293,19 @@ def budget_check(times: Sequence[float], qps: float) -> dict[str, float]:
 
 
 def controller_config(
-    prom_url: str, window: int, process_source: str = "agent", backend: str | None = None
+    prom_url: str,
+    window: int,
+    process_source: str = "agent",
+    backend: str | None = None,
+    *,
+    long_window: int | None = None,
+    idle_sessions: sessions.SessionPolicy | None = None,
 ) -> dict[str, Any]:
     """examples/ghostgpu.yaml (flavors known, so no Kueue discovery per poll) with the controller
     section the bench needs: shadow mode, a 1 s poll interval, no start-up grace, and the process
     source measured (agent: the exporter's agent series; exec: kwok answers `ps` with the fleet's
-    tables)."""
+    tables). With idle sessions in the fleet, `long_window` (the window: IDLE_HELD is reached at
+    the first verdict, not after 30 polls) and, for one run, `controller.idleSessions`."""
     doc = yaml.safe_load((REPO_ROOT / "examples" / "ghostgpu.yaml").read_text())
     doc["controller"] = {
         **(doc.get("controller") or {}),
@@ -253,6 +318,10 @@ def controller_config(
         # The bench's Prometheus scrapes every SCRAPE_INTERVAL (exporter.start_metrics).
         "metrics": {**(doc.get("controller") or {}).get("metrics", {}), "scrapeInterval": SCRAPE_INTERVAL},
     }
+    if long_window is not None:
+        doc["controller"]["longWindow"] = long_window
+    if idle_sessions is not None:
+        doc["controller"]["idleSessions"] = idle_sessions.config()
     return backends.with_backend(dict(doc), backend or backends.backend_at(prom_url))
 
 
@@ -367,7 +436,11 @@ def summarise_naive(rows: list[dict[str, Any]], n: int) -> Side:
 async def _bench(cfg: BenchConfig, log: Log) -> list[SizeResult]:
     state = cfg.state_dir
     state.mkdir(parents=True, exist_ok=True)
-    spec = FleetSpec(nodes=cfg.nodes, idle_fraction=cfg.idle_fraction)
+    spec = FleetSpec(
+        nodes=cfg.nodes,
+        idle_fraction=cfg.idle_fraction,
+        session_fraction=cfg.session_fraction if cfg.idle_sessions else 0.0,
+    )
     cluster = DevCluster.up(
         state / "cluster",
         nodes=[GpuNodeSpec(name="cpu-0", gpus=0)],
@@ -377,7 +450,9 @@ async def _bench(cfg: BenchConfig, log: Log) -> list[SizeResult]:
     )
     fleet_file = state / "fleet.json"
     fleet_file.write_text("[]")
-    metric_procs, exporter_url, prom_url = start_metrics(state, fleet_file, scrape_interval=SCRAPE_INTERVAL)
+    metric_procs, exporter_url, prom_url = start_metrics(
+        state, fleet_file, scrape_interval=SCRAPE_INTERVAL, cadvisor=cfg.idle_sessions
+    )
     kube = KubeHTTP(cluster.state.server, Path(cluster.state.state_dir) / "pki")
     stores = backends.Stores(state, exporter_url, metric_procs[-1], prom_url, log)
     results: list[SizeResult] = []
@@ -392,27 +467,25 @@ async def _bench(cfg: BenchConfig, log: Log) -> list[SizeResult]:
         created = 0
         for n in sorted(cfg.sizes):
             await grow_pods(kube, spec, created, n, log=log)
+            if cfg.idle_sessions:
+                made = await ensure_session_execs(kube, spec, created, n, state / "session-table.txt")
+                log(f"[fleet] {made} idle sessions answer `ps` with the session's processes")
             created = n
             uids = await pod_uids(kube)
-            rows = [
-                [
-                    spec.namespace(i),
-                    spec.pod(i),
-                    spec.node_of(i),
-                    0 if spec.idle(i) else 20 + (i * 37) % 80,
-                    uids[(spec.namespace(i), spec.pod(i))],
-                ]
-                for i in range(n)
-            ]
+            rows = [fleet_row(spec, i, uids, sessions=cfg.idle_sessions) for i in range(n)]
             fleet_file.write_text(json.dumps(rows))
             httpx.post(f"{exporter_url}/reload", timeout=120).raise_for_status()
+            loaded_at = time.time()
             prom_url = stores.use(cfg.backends[0], SCRAPE_INTERVAL)
             _wait_series(prom_url, n, log)
-            res = await _measure(cfg, spec, n, cluster, kube, prom_url, log)
+            res = await _measure(cfg, spec, n, cluster, kube, prom_url, log, loaded_at=loaded_at)
             res.floor_s, res.floor_agent_s = await asyncio.to_thread(_floor, cfg, spec, n, prom_url)
             log(f"[bench] N={n}: floors of one poll {res.floor_s:.4f} s, {res.floor_agent_s:.4f} s CPU")
             await asyncio.to_thread(_prometheus_cost, res, cfg, spec, prom_url)
             log(f"[bench] N={n}: query seconds {res.query_s}, agent series {res.agent_series}")
+            if res.idle_sessions is not None:
+                res.idle_sessions.cost = await asyncio.to_thread(_history_cost, cfg, spec, n, prom_url)
+                log(f"[bench] N={n}: the idle-session history query {res.idle_sessions.cost}")
             results.append(res)
             res.backends = await backends.measure_backends(
                 cfg.backends,
@@ -435,10 +508,30 @@ async def _bench(cfg: BenchConfig, log: Log) -> list[SizeResult]:
     return results
 
 
-def _controller(cfg: BenchConfig, prom_url: str) -> Any:
+def fleet_row(spec: FleetSpec, i: int, uids: dict[tuple[str, str], str], *, sessions: bool) -> list[Any]:
+    """Pod i as the exporter serves it: [namespace, pod, node, utilization, uid], and with idle
+    sessions in the bench a sixth field, 1 for an idle session (exporter.py)."""
+    row: list[Any] = [
+        spec.namespace(i),
+        spec.pod(i),
+        spec.node_of(i),
+        0 if spec.idle(i) else 20 + (i * 37) % 80,
+        uids[(spec.namespace(i), spec.pod(i))],
+    ]
+    return [*row, int(spec.session(i))] if sessions else row
+
+
+def _controller(cfg: BenchConfig, prom_url: str, *, idle_sessions: bool = False) -> Any:
     from ghostgpu.config import ControllerConfig
 
-    return ControllerConfig.model_validate(controller_config(prom_url, cfg.window)["controller"])
+    doc = controller_config(prom_url, cfg.window, idle_sessions=cfg.session_policy if idle_sessions else None)
+    return ControllerConfig.model_validate(doc["controller"])
+
+
+def _history_cost(cfg: BenchConfig, spec: FleetSpec, n: int, prom_url: str) -> dict[str, dict[str, Any]]:
+    controller = _controller(cfg, prom_url, idle_sessions=True)
+    pods = [(spec.namespace(i), spec.pod(i)) for i in range(n) if spec.session(i)]
+    return sessions.history_cost(prom_url, controller, pods, cfg.session_policy)
 
 
 def _floor(cfg: BenchConfig, spec: FleetSpec, n: int, prom_url: str) -> tuple[float, float]:
@@ -496,19 +589,34 @@ async def _controller_run(
     prom_url: str,
     log: Log,
     backend: str | None = None,
+    idle_sessions: bool = False,
 ) -> _ControllerRun:
-    """The controller, started fresh, for window + 1 + steady polls with the given process source."""
+    """The controller, started fresh, for window + 1 + steady polls with the given process source
+    (and, `idle_sessions`, with controller.idleSessions on)."""
     state = cfg.state_dir
     backend = backend or backends.backend_at(prom_url)
-    tag = f"{n}-{source}" + ("" if backend == "prometheus" else f"-{backend}")
+    tag = (
+        f"{n}-{source}"
+        + ("" if backend == "prometheus" else f"-{backend}")
+        + ("-idle" if idle_sessions else "")
+    )
     conf = state / f"ghostgpu-{tag}.yaml"
-    conf.write_text(yaml.safe_dump(controller_config(prom_url, cfg.window, source, backend), sort_keys=False))
+    doc = controller_config(
+        prom_url,
+        cfg.window,
+        source,
+        backend,
+        long_window=cfg.window if cfg.idle_sessions else None,
+        idle_sessions=cfg.session_policy if idle_sessions else None,
+    )
+    conf.write_text(yaml.safe_dump(doc, sort_keys=False))
     out = state / f"controller-{tag}.jsonl"
     out.unlink(missing_ok=True)
     prom_port = int(prom_url.rsplit(":", 1)[1])
     q0, e0 = backends.queries_served(prom_url), await _apiserver_exec_total(kube)
     polls = cfg.window + 1 + cfg.steady_polls
-    log(f"[bench] N={n}: controller in {source} mode, {polls} polls")
+    with_idle = " with idle sessions" if idle_sessions else ""
+    log(f"[bench] N={n}: controller in {source} mode{with_idle}, {polls} polls")
     argv = [sys.executable, "-m", "ghostgpu.scale.probe", f"--config={conf}"]
     argv += [f"--kubeconfig={cluster.kubeconfig}", f"--polls={polls}", f"--out={out}"]
     argv += [f"--prom-port={prom_port}", f"--port={procs.free_port()}"]
@@ -562,14 +670,15 @@ async def _measure(
     prom_url: str,
     log: Log,
     backend: str | None = None,
+    loaded_at: float | None = None,
 ) -> SizeResult:
     state = cfg.state_dir
     backend = backend or backends.backend_at(prom_url)
-    runs = {
-        src: await _controller_run(cfg, n, src, cluster, kube, prom_url, log, backend)
-        for src in PROCESS_SOURCES
-    }
-    agent, exec_ = runs["agent"], runs["exec"]
+    agent = await _controller_run(cfg, n, "agent", cluster, kube, prom_url, log, backend)
+    idle_run = None
+    if cfg.idle_sessions:
+        idle_run = await _idle_sessions_run(cfg, spec, n, cluster, kube, prom_url, log, backend, loaded_at)
+    exec_ = await _controller_run(cfg, n, "exec", cluster, kube, prom_url, log, backend)
     nout = state / f"naive-{n}.jsonl"
     nout.unlink(missing_ok=True)
     sample = cfg.naive_sample if n > cfg.naive_sample else None
@@ -598,6 +707,53 @@ async def _measure(
         exec_mode=exec_.side,
         exec_states=exec_.rows[-1]["states"],
         backend=backend,
+        idle_sessions=idle_run,
+    )
+
+
+IDLE_POLL_KEYS = ("history_queries", "history_wall_s", "idle_tend_wall_s", "idle_candidates", "idle_steps")
+
+
+async def _idle_sessions_run(
+    cfg: BenchConfig,
+    spec: FleetSpec,
+    n: int,
+    cluster: DevCluster,
+    kube: KubeHTTP,
+    prom_url: str,
+    log: Log,
+    backend: str,
+    loaded_at: float | None,
+) -> IdleSessionsRun:
+    """The agent-mode controller with idle sessions on. It starts once the sessions' series have
+    existed for after + warnBefore and two scrapes more, so that the ladder's windows (and a stop's
+    re-read) are covered, as they are in a cluster that ran for hours: a thin series would stop
+    the ladder at an unknown rung, which would measure less of it."""
+    policy = cfg.session_policy
+    scrape = float(SCRAPE_INTERVAL.rstrip("s"))
+    if loaded_at is not None:
+        wait = loaded_at + policy.full_s + 2 * scrape - time.time()
+        if wait > 0:
+            log(f"[bench] N={n}: waiting {wait:.0f} s for {policy.full_s} s of the sessions' series")
+            await asyncio.sleep(wait)
+    age = round(time.time() - loaded_at, 1) if loaded_at is not None else None
+    run = await _controller_run(cfg, n, "agent", cluster, kube, prom_url, log, backend, idle_sessions=True)
+    history = sessions.steady_history(run.rows, cfg.window)
+    tag = f"{n}-agent" + ("" if backend == "prometheus" else f"-{backend}") + "-idle"
+    decisions = sessions.decision_actions(cfg.state_dir / f"decisions-{tag}.jsonl")
+    log(f"[bench] N={n}: idle sessions: {history}; decision log {decisions}")
+    return IdleSessionsRun(
+        side=run.side,
+        sessions=spec.session_count(n),
+        policy=policy.config(),
+        states=run.rows[-1]["states"],
+        history=history,
+        decisions=decisions,
+        polls=[
+            {**row, **{k: r[k] for k in IDLE_POLL_KEYS if k in r}}
+            for row, r in zip(poll_rows(run.rows), run.rows, strict=True)
+        ],
+        series_age_s=age,
     )
 
 
@@ -622,6 +778,10 @@ def from_json(data: dict[str, Any]) -> list[SizeResult]:
         r["ghostgpu"], r["naive"] = Side(**r["ghostgpu"]), Side(**r["naive"])
         if r.get("exec_mode") is not None:
             r["exec_mode"] = Side(**r["exec_mode"])
+        if r.get("idle_sessions") is not None:
+            r["idle_sessions"] = IdleSessionsRun(
+                **{**r["idle_sessions"], "side": Side(**r["idle_sessions"]["side"])}
+            )
         r["backends"] = {
             k: backends.BackendResult(**{**b, "ghostgpu": Side(**b["ghostgpu"])})
             for k, b in r.get("backends", {}).items()

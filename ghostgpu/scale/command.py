@@ -12,6 +12,7 @@ from ghostgpu.scale.report import (
     budget_markdown,
     exec_markdown,
     floor_markdown,
+    idle_sessions_markdown,
     markdown,
     plot,
     prometheus_markdown,
@@ -34,6 +35,8 @@ def run_scale_command(
     plot_path: Path | None,
     echo: Callable[[str], None] = print,
     backends: Sequence[str] = ("prometheus",),
+    idle_sessions: bool = False,
+    session_fraction: float = 0.5,
 ) -> int:
     if from_json_file is not None:
         text = from_json_file.read_text()  # a missing file: FileNotFoundError, named by the boundary
@@ -58,6 +61,8 @@ def run_scale_command(
             naive_sample=naive_sample,
             state_dir=state_dir,
             backends=tuple(backends),
+            idle_sessions=idle_sessions,
+            session_fraction=session_fraction,
         )
         results = run_scale(cfg)
         data = to_json(results, cfg)
@@ -103,6 +108,14 @@ def run_scale_command(
         "verdict is not written):\n"
     )
     echo(warmup_markdown(results))
+    if any(r.idle_sessions is not None for r in results):
+        echo(
+            "Idle sessions (the agent-mode controller again with controller.idleSessions in shadow "
+            "mode, against the same fleet right after the run without it; the history query's count "
+            "and wall time per steady poll in the controller, and the same query timed against the "
+            "bench's Prometheus, best of 3, with Prometheus's own execution time and samples read):\n"
+        )
+        echo(idle_sessions_markdown(results))
     if any(r.backends for r in results):
         echo(
             f"Metrics stores (the tables above: {results[0].backend}): the agent-mode controller's "

@@ -13,7 +13,12 @@ Why not the devcluster's fake dcgm-exporter: it is driven one series per HTTP ca
 its exposition on every scrape; at 10,000 pods the set-up and the exporter's own CPU would
 dominate the shared 2-core machine. Here the exposition is rendered once per fleet change.
 
-Run: python -m ghostgpu.scale.exporter --port N --fleet FILE   (FILE: JSON [[ns, pod, node, util, uid]])
+With idle sessions (`bench scale --idle-sessions`, sessions.py), a row's sixth field marks an idle
+Jupyter session: its agent series are the session's processes (fleet.SESSION_TABLE) and the
+agent's idle-session facts, and /cadvisor/metrics serves cAdvisor's CPU counter of every pod.
+
+Run: python -m ghostgpu.scale.exporter --port N --fleet FILE
+     (FILE: JSON [[ns, pod, node, util, uid, session (optional, 0 or 1)]])
      POST /reload re-reads FILE.
 """
 
@@ -33,7 +38,8 @@ import yaml
 from ghostgpu.agent.exporter import live_roles, role_series
 from ghostgpu.devcluster import procs
 from ghostgpu.devcluster.paths import Toolchain
-from ghostgpu.scale.fleet import BUSY_TABLE, IDLE_TABLE
+from ghostgpu.scale import sessions
+from ghostgpu.scale.fleet import BUSY_TABLE, IDLE_TABLE, SESSION_TABLE
 from ghostgpu.signals.agent import PROCESSES_METRIC, PROGRAMS_LABEL, SCAN_METRIC
 from ghostgpu.signals.processes import parse_ps
 from ghostgpu.verdict import ProcessPolicy, count_roles
@@ -70,24 +76,43 @@ def exposition(rows: list[list[Any]]) -> bytes:
 
 
 def _agent_labels(row: list[Any]) -> str:
-    ns, pod, _node, _value, uid = row
+    ns, pod, _node, _value, uid = row[:5]
     return f'tracked_namespace="{ns}",tracked_pod="{pod}",tracked_uid="{uid}",tracked_container="{CONTAINER}"'
 
 
-def agent_exposition(rows: list[list[Any]]) -> bytes:
+def _is_session(row: list[Any]) -> bool:
+    return len(row) > 5 and bool(row[5])
+
+
+def _table(row: list[Any]) -> str:
+    """The processes of a row's container: an idle session's, an idle holder's or a busy job's."""
+    if _is_session(row):
+        return SESSION_TABLE
+    return IDLE_TABLE if row[3] == 0 else BUSY_TABLE
+
+
+def agent_exposition(rows: list[list[Any]], loaded_at: float = 0.0) -> bytes:
     """The node agents' per-container series for every pod, but the scan timestamps (`agent_scans`):
     the roles with processes, the live ones naming the programs that keep it alive, as the agent's
-    collector prints them for the same rows (`role_series`)."""
+    collector prints them for the same rows (`role_series`); for an idle session, the agent's
+    idle-session facts too, as its collector prints them for a scan at `loaded_at` (the youngest
+    process's start time, which a later scan prints the same)."""
     policy = ProcessPolicy()
-    idle, busy = (role_series(count_roles(parse_ps(t), policy)) for t in (IDLE_TABLE, BUSY_TABLE))
+    series_of = {
+        t: role_series(count_roles(parse_ps(t), policy)) for t in (IDLE_TABLE, BUSY_TABLE, SESSION_TABLE)
+    }
+    session = sessions.session_facts()
     procs_lines: list[str] = []
+    facts: list[dict[str, str]] = []
     for row in rows:
         labels = _agent_labels(row)
-        series = idle if row[3] == 0 else busy
         procs_lines += [
-            f'{PROCESSES_METRIC}{{{labels},role="{r}",{PROGRAMS_LABEL}="{p}"}} {n}' for r, n, p in series
+            f'{PROCESSES_METRIC}{{{labels},role="{r}",{PROGRAMS_LABEL}="{p}"}} {n}'
+            for r, n, p in series_of[_table(row)]
         ]
-    out = [f"# TYPE {PROCESSES_METRIC} gauge", *procs_lines]
+        if _is_session(row):
+            facts.append(sessions.facts_lines(labels, session, loaded_at))
+    out = [f"# TYPE {PROCESSES_METRIC} gauge", *procs_lines, *sessions.facts_exposition(facts)]
     return ("\n".join(out) + "\n").encode()
 
 
@@ -95,11 +120,10 @@ def agent_scans(rows: list[list[Any]], now: float) -> bytes:
     """Every container's scan timestamp, `now`: rendered at scrape time, as fresh as a running agent's."""
     stamp = f"{now:.3f}"
     policy = ProcessPolicy()
-    idle, busy = (live_roles(count_roles(parse_ps(t), policy)) for t in (IDLE_TABLE, BUSY_TABLE))
+    live = {t: live_roles(count_roles(parse_ps(t), policy)) for t in (IDLE_TABLE, BUSY_TABLE, SESSION_TABLE)}
     lines = [f"# TYPE {SCAN_METRIC} gauge"]
     lines += [
-        f'{SCAN_METRIC}{{{_agent_labels(row)},live_roles="{idle if row[3] == 0 else busy}"}} {stamp}'
-        for row in rows
+        f'{SCAN_METRIC}{{{_agent_labels(row)},live_roles="{live[_table(row)]}"}} {stamp}' for row in rows
     ]
     return ("\n".join(lines) + "\n").encode()
 
@@ -110,11 +134,17 @@ class _Body:
     their scan timestamps rendered again when a scrape finds them over a second old."""
 
     def __init__(self, rows: list[list[Any]], agent: bool) -> None:
+        self.loaded_at = time.time()
+        self.all_rows = rows
         self.rows = rows if agent else []
         self.static = exposition(rows)
-        self.agent = agent_exposition(rows) if agent else b""
+        self.agent = agent_exposition(rows, self.loaded_at) if agent else b""
         self._scans = b""
         self._scans_at = 0.0
+
+    def render_cadvisor(self) -> bytes:
+        """cAdvisor's CPU counters as of now (sessions.py); scraped only with --idle-sessions."""
+        return sessions.cadvisor_exposition(self.all_rows, self.loaded_at, time.time())
 
     def render(self) -> bytes:
         return self.static
@@ -149,6 +179,10 @@ class _Handler(BaseHTTPRequestHandler):
             with self.lock:
                 data = self.body[0].render_agent()
             self._reply(200, data)
+        elif self.path.startswith(sessions.CADVISOR_PATH):
+            with self.lock:
+                body = self.body[0]
+            self._reply(200, body.render_cadvisor())
         elif self.path.startswith("/metrics"):
             with self.lock:
                 data = self.body[0].render()
@@ -173,8 +207,11 @@ def serve(port: int, fleet: Path, *, agent: bool = True) -> None:
     ThreadingHTTPServer(("127.0.0.1", port), handler).serve_forever()
 
 
-def prometheus_config(exporter_port: int, scrape_interval: str) -> dict[str, Any]:
-    return {
+def prometheus_config(exporter_port: int, scrape_interval: str, *, cadvisor: bool = False) -> dict[str, Any]:
+    """The bench's scrapes: the GPU series, the agents' and, for idle sessions, the kubelet's
+    cAdvisor (the CPU rung's source; left out otherwise, so the head series of the runs without
+    idle sessions stay comparable)."""
+    doc: dict[str, Any] = {
         "global": {"scrape_interval": scrape_interval, "evaluation_interval": scrape_interval},
         "scrape_configs": [
             {
@@ -197,13 +234,16 @@ def prometheus_config(exporter_port: int, scrape_interval: str) -> dict[str, Any
             },
         ],
     }
+    if cadvisor:
+        doc["scrape_configs"].append(sessions.cadvisor_scrape(exporter_port, scrape_interval))
+    return doc
 
 
 SCRAPE_INTERVAL = "5s"
 
 
 def start_metrics(
-    state: Path, fleet_file: Path, *, scrape_interval: str = SCRAPE_INTERVAL
+    state: Path, fleet_file: Path, *, scrape_interval: str = SCRAPE_INTERVAL, cadvisor: bool = False
 ) -> tuple[list[procs.ProcessRecord], str, str]:
     """Start the exporter and a Prometheus scraping it. Returns (processes, exporter URL, Prom URL)."""
     import sys
@@ -217,7 +257,9 @@ def start_metrics(
         logs,
     )
     cfg = state / "prometheus.yml"
-    cfg.write_text(yaml.safe_dump(prometheus_config(eport, scrape_interval), sort_keys=True))
+    cfg.write_text(
+        yaml.safe_dump(prometheus_config(eport, scrape_interval, cadvisor=cadvisor), sort_keys=True)
+    )
     prom = procs.start(
         "scale-prometheus",
         [

@@ -40,6 +40,16 @@ BUSY_TABLE = (
     "      1       0 Ss       900 /bin/sh -c python train.py\n"
     "      7       1 Rl       899 python train.py --epochs 90\n"
 )
+# An idle Jupyter session (`bench scale --idle-sessions`): a notebook server and its kernel, both
+# asleep, started a day ago (older than any idle-session window, so the new-process rung is idle).
+# The verdict counts them as live work (IDLE_HELD after the long window at 0 %); the node agent
+# tells their class, notebook (idle_sessions.class_of), and exports its idle-session facts.
+SESSION_TABLE = (
+    "    PID    PPID STAT ELAPSED COMMAND\n"
+    "      1       0 Ss     90000 /usr/bin/tini -g -- jupyter lab\n"
+    "      7       1 Sl     90000 /opt/conda/bin/python3 /opt/conda/bin/jupyter-lab --ip=0.0.0.0\n"
+    "     31       7 Ssl    86400 /opt/conda/bin/python3 -m ipykernel_launcher -f /tmp/kernel-1.json\n"
+)
 
 
 @dataclass(frozen=True)
@@ -47,6 +57,9 @@ class FleetSpec:
     nodes: int = 1250  # 1,250 x 8 GPUs = 10,000 GPUs: every pod of the largest fleet fits
     namespaces: int = 20
     idle_fraction: float = 0.02
+    # Of the idle pods, this share are idle sessions (SESSION_TABLE, IDLE_HELD) instead of a
+    # finished job's holder (FINISHED_IDLE); 0 outside `bench scale --idle-sessions`.
+    session_fraction: float = 0.0
 
     @property
     def stride(self) -> int:
@@ -74,6 +87,18 @@ class FleetSpec:
 
     def idle_count(self, n: int) -> int:
         return sum(1 for i in range(n) if self.idle(i))
+
+    @property
+    def session_stride(self) -> int:
+        return max(1, round(1 / self.session_fraction)) if self.session_fraction > 0 else 0
+
+    def session(self, i: int) -> bool:
+        """Pod i is an idle session: every `session_stride`-th idle pod, counted from pod 0, so a
+        grown fleet keeps its first pods' truth."""
+        return self.idle(i) and self.session_stride > 0 and (i // self.stride) % self.session_stride == 0
+
+    def session_count(self, n: int) -> int:
+        return sum(1 for i in range(n) if self.session(i))
 
 
 class KubeHTTP:
@@ -174,6 +199,42 @@ def cluster_exec_body(spec: FleetSpec, table: Path) -> dict[str, Any]:
             ],
         },
     }
+
+
+def session_exec_body(spec: FleetSpec, i: int, table: Path) -> dict[str, Any]:
+    """A kwok Exec of idle session i's own: `ps` prints SESSION_TABLE. kwok looks up a pod's own
+    Exec before the ClusterExec every other fleet pod answers from (cluster_exec_body)."""
+    return {
+        "apiVersion": "kwok.x-k8s.io/v1alpha1",
+        "kind": "Exec",
+        "metadata": {"name": spec.pod(i), "namespace": spec.namespace(i)},
+        "spec": {
+            "execs": [
+                {
+                    "local": {
+                        "envs": [
+                            {"name": "GHOSTGPU_PROC_TABLE", "value": str(table)},
+                            {"name": "GHOSTGPU_PROC_EXIT", "value": "0"},
+                        ]
+                    }
+                }
+            ]
+        },
+    }
+
+
+async def ensure_session_execs(kube: KubeHTTP, spec: FleetSpec, start: int, stop: int, table: Path) -> int:
+    """The idle sessions among pods start..stop-1 answer exec mode's `ps` with their processes, so
+    that exec mode and agent mode see the same fleet."""
+    table.write_text(SESSION_TABLE)
+    return await kube.create_all(
+        (
+            f"/apis/kwok.x-k8s.io/v1alpha1/namespaces/{spec.namespace(i)}/execs",
+            session_exec_body(spec, i, table),
+        )
+        for i in range(start, stop)
+        if spec.session(i)
+    )
 
 
 async def ensure_base(kube: KubeHTTP, spec: FleetSpec, table: Path, log: Any = print) -> None:

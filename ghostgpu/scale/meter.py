@@ -7,6 +7,7 @@ two counts Prometheus queries, apiserver requests and exec upgrades on the wire;
 from __future__ import annotations
 
 import resource
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,6 +33,19 @@ def memory_mib() -> tuple[float, float]:
     return rss, hwm
 
 
+HISTORY = "prometheus_history_query"  # the idle-session history (signals/idle_history.py)
+
+
+def is_history(request: httpx.Request) -> bool:
+    """The controller's idle-session history query: the only one reading cAdvisor's CPU counter."""
+    from ghostgpu.scale.sessions import is_history_query
+
+    try:
+        return is_history_query(request.content)
+    except httpx.RequestNotRead:  # a streamed body: no query of the controller's
+        return False
+
+
 def classify(request: httpx.Request, prometheus_port: int | None) -> str:
     url = urlsplit(str(request.url))
     if prometheus_port is not None and url.port == prometheus_port:
@@ -50,6 +64,7 @@ class RequestCounter:
     prometheus_port: int | None = None
     counts: Counter[str] = field(default_factory=Counter)
     by_verb: Counter[str] = field(default_factory=Counter)
+    history_wall_s: float = 0.0  # wall seconds the idle-session history queries took, in all
 
     def install(self) -> None:
         original = httpx.AsyncClient.send
@@ -61,6 +76,15 @@ class RequestCounter:
             if kind.startswith("apiserver"):
                 path = urlsplit(str(request.url)).path.rstrip("/").split("/")
                 counter.by_verb[f"{request.method} {_resource_of(path)}"] += 1
+            if kind == "prometheus_query" and is_history(request):
+                # The idle-session history, counted apart (still one of the Prometheus queries)
+                # and timed to its answer's headers: Prometheus evaluates the whole query first.
+                counter.counts[HISTORY] += 1
+                t0 = time.perf_counter()
+                try:
+                    return await original(client, request, **kw)
+                finally:
+                    counter.history_wall_s += time.perf_counter() - t0
             return await original(client, request, **kw)
 
         httpx.AsyncClient.send = send  # type: ignore[method-assign]

@@ -5,6 +5,7 @@ process, with `--max-polls`. The controller code is not edited; this module wrap
   - `Reconciler.poll_once`                                      -> the verdict states of the poll
   - `httpx.AsyncClient.send`                                    -> requests by class (meter.py)
   - `ExecProcessSource.list_processes`, `AgentProcessSource.list_many` -> process-signal failures
+  - `IdleSessions.tend`                                          -> the idle-session steps
 Per cycle it writes one JSON line: wall time, CPU time (user+sys of the process), RSS, peak RSS,
 Prometheus queries, apiserver requests (exec, watch, other) and the states.
 
@@ -20,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ghostgpu.scale.meter import RequestCounter, cpu_seconds, delta, memory_mib
+from ghostgpu.scale.meter import HISTORY, RequestCounter, cpu_seconds, delta, memory_mib
 
 
 class Recorder:
@@ -34,6 +35,7 @@ class Recorder:
         self.cpu0 = cpu_seconds()
         self._gc0: tuple[float, int] = (0.0, 0)
         self.process_failures, self.process_failure_samples = {}, []
+        self.idle_steps, self.idle_candidates, self.idle_tend_s = {}, 0, 0.0
 
     gc_freeze = False  # EXPERIMENT, not the controller as shipped: gc.freeze() after sync/polls
     profile_from: int | None = None  # cProfile polls from this one on (`--profile`)
@@ -52,6 +54,16 @@ class Recorder:
 
     process_failures: dict[str, int]
     process_failure_samples: list[str]
+    idle_steps: dict[str, int]
+    idle_candidates: int
+    idle_tend_s: float
+    _history0 = 0.0
+
+    def idle_tended(self, candidates: int, actions: list[str], wall_s: float) -> None:
+        self.idle_candidates += candidates
+        self.idle_tend_s += wall_s
+        for a in actions:
+            self.idle_steps[a] = self.idle_steps.get(a, 0) + 1
 
     def failed_listing(self, pod: Any, failure: Any) -> None:
         reason = str(failure.reason.value)
@@ -63,6 +75,8 @@ class Recorder:
 
     def begin(self) -> None:
         self.process_failures, self.process_failure_samples = {}, []
+        self.idle_steps, self.idle_candidates, self.idle_tend_s = {}, 0, 0.0
+        self._history0 = self.counter.history_wall_s
         self._gc0 = (self.gc_s, self.gc_full)
         if self.profile_from is not None and self.poll + 1 >= self.profile_from and self.profiler:
             self.profiler.enable()
@@ -107,6 +121,14 @@ class Recorder:
             "process_failure_samples": self.process_failure_samples,
             "gc_s": round(self.gc_s - self._gc0[0], 4),
             "gc_full_collections": self.gc_full - self._gc0[1],
+            # The idle-session history queries (idle_history.py) and their wall time to the answer,
+            # the act room's idle-session step (IdleSessions.tend: history, ladder, step) and the
+            # steps it took, by action (`none` included)
+            "history_queries": d.get(HISTORY, 0),
+            "history_wall_s": round(self.counter.history_wall_s - self._history0, 4),
+            "idle_tend_wall_s": round(self.idle_tend_s, 4),
+            "idle_candidates": self.idle_candidates,
+            "idle_steps": dict(sorted(self.idle_steps.items())),
             "process_cpu_s": round(cpu_seconds() - self.cpu0, 3),
             "process_wall_s": round(time.perf_counter() - self.t0, 3),
         }
@@ -189,6 +211,17 @@ def install(recorder: Recorder) -> None:
                 recorder.failed_listing(pod, outcome)
         return outcomes
 
+    from ghostgpu.controller.act.idle import IdleSessions
+
+    original_tend = IdleSessions.tend
+
+    async def tend(self: Any, candidates: Any) -> Any:
+        t0 = time.perf_counter()
+        done = await original_tend(self, candidates)
+        recorder.idle_tended(len(candidates), [step.action for _c, step in done], time.perf_counter() - t0)
+        return done
+
+    IdleSessions.tend = tend  # type: ignore[method-assign]
     AgentProcessSource.list_many = list_many  # type: ignore[method-assign]
     ExecProcessSource.list_processes = list_processes  # type: ignore[method-assign]
     app.Informers.snapshot = snapshot  # type: ignore[method-assign]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from ghostgpu.config import ControllerConfig
 from ghostgpu.extras import require
@@ -198,6 +199,136 @@ def warmup_markdown(results: Sequence[SizeResult]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _steps(steps: dict[str, int]) -> str:
+    return ", ".join(f"{k} {v:,}" for k, v in sorted(steps.items())) or "—"
+
+
+def idle_sessions_markdown(results: Sequence[SizeResult]) -> str:
+    """The run with idle sessions on beside the same run without (controller side), then the
+    history query against the bench's Prometheus."""
+    lines = [
+        "| N pods (idle, sessions) | IDLE_HELD verdicts | ladder's steps (last poll) | history queries/poll "
+        "| history s/poll (controller) | CPU s/cycle without | CPU s/cycle with | extra CPU s/cycle "
+        "| with ÷ floor | peak RSS MiB with | Prometheus queries/poll | apiserver requests/poll "
+        "| exec calls/poll |",
+        "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    rows = [r for r in results if r.idle_sessions is not None]
+    for r in rows:
+        i = r.idle_sessions
+        assert i is not None
+        h = i.history
+        lines.append(
+            f"| {r.n:,} ({r.idle:,}, {i.sessions:,}) | {i.states.get('IDLE_HELD', 0):,} | "
+            f"{_steps(h.get('steps_last_poll') or {})} | {h.get('history_queries', 0):g} | "
+            f"{h.get('history_wall_s', 0.0):.3f} | {_s(r.ghostgpu.cycle_cpu_s, 3)} | "
+            f"{_s(i.side.cycle_cpu_s, 3)} | {_s(r.idle_sessions_extra_cpu_s, 3)} | "
+            f"{_ratio(r.idle_sessions_floor_ratio)} | {i.side.peak_rss_mib:.0f} | "
+            f"{_n(i.side.prometheus_queries)} | {_n(i.side.apiserver_requests)} | {_n(i.side.exec_calls)} |"
+        )
+    lines += [
+        "",
+        "| N (sessions) | query | window s | wall s | Prometheus exec s | samples read | peak samples "
+        "| answer series | answer bytes | query chars |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        i = r.idle_sessions
+        assert i is not None
+        after = float(str(i.policy.get("after", "0s")).rstrip("s") or 0)
+        full = after + float(str(i.policy.get("warnBefore", "0s")).rstrip("s") or 0)
+        windows = {"ladder": after, "reread": full, "default_policy": 3 * 3600.0}
+        names = {
+            "ladder": "the ladder's (over `after`)",
+            "reread": "a stop's re-read (after + warnBefore)",
+            "default_policy": "the default policy's (3 h, lookback 8 h)",
+        }
+        for key, c in i.cost.items():
+            lines.append(
+                f"| {r.n:,} ({i.sessions:,}) | {names.get(key, key)} | {windows.get(key, 0):,.0f} | "
+                f"{_s(c.get('wall_s'), 3)} | {_s(c.get('exec_s'), 3)} | {_n(c.get('samples') or 0)} | "
+                f"{_n(c.get('peak_samples') or 0)} | {c.get('series', 0):,} | {c.get('bytes', 0):,} | "
+                f"{c.get('query_chars', 0):,} |"
+            )
+    return "\n".join(lines) + "\n"
+
+
+def idle_session_targets(results: Sequence[SizeResult]) -> list[tuple[str, bool, str]]:
+    """The agent-mode targets again for the run with idle sessions on, and that it ran the ladder."""
+    rows = [r for r in results if r.idle_sessions is not None]
+    if not rows:
+        return []
+    out: list[tuple[str, bool, str]] = []
+
+    def each(check: str, ok: bool, evidence: str) -> None:
+        out.append((f"idle sessions: {check}", ok, evidence))
+
+    def runs(r: SizeResult) -> tuple[Any, dict[str, Any]]:
+        assert r.idle_sessions is not None
+        return r.idle_sessions, r.idle_sessions.history
+
+    each(
+        "every session reaches IDLE_HELD and the ladder runs on every steady poll (shadow: no writes)",
+        all(
+            i.states.get("IDLE_HELD", 0) == i.sessions > 0
+            and h.get("history_queries", 0) >= 1
+            and sum((h.get("steps_last_poll") or {}).values()) == i.sessions
+            for i, h in map(runs, rows)
+        ),
+        ", ".join(
+            f"N={r.n:,}: {runs(r)[0].states.get('IDLE_HELD', 0):,} IDLE_HELD of {runs(r)[0].sessions:,} "
+            f"sessions, steps {_steps(runs(r)[1].get('steps_last_poll') or {})}"
+            for r in rows
+        ),
+    )
+    each(
+        "one poll query per poll, plus the history",
+        all(i.side.prometheus_queries - h.get("history_queries", 0) == 1 for i, h in map(runs, rows)),
+        ", ".join(
+            f"N={r.n:,}: {runs(r)[0].side.prometheus_queries:g} queries, "
+            f"{runs(r)[1].get('history_queries', 0):g} of them the history"
+            for r in rows
+        ),
+    )
+    each(
+        "no exec",
+        all(i.side.exec_calls == 0 for i, _h in map(runs, rows)),
+        ", ".join(f"N={r.n:,}: {runs(r)[0].side.exec_calls:g} exec" for r in rows),
+    )
+    each(
+        f"steady apiserver requests per poll <= {EXTRA_REQUESTS} + writes",
+        all(i.side.apiserver_requests <= EXTRA_REQUESTS + (i.side.writes or 0) for i, _h in map(runs, rows)),
+        ", ".join(
+            f"N={r.n:,}: {runs(r)[0].side.apiserver_requests:g} with {runs(r)[0].side.writes or 0:g} writes"
+            for r in rows
+        ),
+    )
+    big = max(rows, key=lambda r: r.n)
+    i = big.idle_sessions
+    assert i is not None
+    ratio = big.idle_sessions_floor_ratio
+    each(
+        f"CPU per poll-to-poll cycle at N={big.n:,} <= {FLOOR_RATIO_TARGET:g}x the floor of one poll",
+        ratio is not None and ratio <= FLOOR_RATIO_TARGET,
+        "no floor measured"
+        if ratio is None
+        else f"{ratio:.1f}x ({i.side.cycle_cpu_s:.3f} s per cycle, {big.idle_sessions_extra_cpu_s:+.3f} s "
+        f"against the same run without idle sessions, {big.ghostgpu.cycle_cpu_s:.3f} s; floor "
+        f"{big.floor_s:.4f} s)",
+    )
+    each(
+        f"peak RSS at N={big.n:,} <= {RSS_TARGET_MB:g} MB ({RSS_TARGET_MIB:.1f} MiB)",
+        i.side.peak_rss_mib <= RSS_TARGET_MIB,
+        f"{i.side.peak_rss_mib * 2**20 / 1e6:.0f} MB ({i.side.peak_rss_mib:.0f} MiB)",
+    )
+    each(
+        f"a poll's wall time at N={big.n:,} < the default poll interval ({DEFAULT_POLL_INTERVAL_S:g} s)",
+        i.side.wall_s < DEFAULT_POLL_INTERVAL_S,
+        f"{i.side.wall_s:.2f} s ({i.history.get('history_wall_s', 0.0):.2f} s of it the history)",
+    )
+    return out
+
+
 def targets(results: Sequence[SizeResult]) -> list[tuple[str, bool, str]]:
     """(target, met, evidence) for the structural and cost targets."""
     out: list[tuple[str, bool, str]] = []
@@ -324,7 +455,7 @@ def targets(results: Sequence[SizeResult]) -> list[tuple[str, bool, str]]:
                 ),
             )
         )
-    return out
+    return out + idle_session_targets(results)
 
 
 def plot(results: Sequence[SizeResult], path: Path) -> None:

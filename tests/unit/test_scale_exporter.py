@@ -72,7 +72,7 @@ def _stamps(text: bytes) -> list[float]:
 def test_scan_timestamps_are_as_fresh_as_the_scrape(monkeypatch: pytest.MonkeyPatch) -> None:
     import ghostgpu.scale.exporter as exporter
 
-    clock = iter([1000.0, 1000.5, 1005.0])
+    clock = iter([990.0, 1000.0, 1000.5, 1005.0, 1010.0])  # the first: the fleet loaded
     monkeypatch.setattr(exporter.time, "time", lambda: next(clock))
     body = _Body(ROWS, agent=True)
     assert _stamps(body.render_agent()) == [1000.0, 1000.0]
