@@ -521,6 +521,15 @@ def fleet_row(spec: FleetSpec, i: int, uids: dict[tuple[str, str], str], *, sess
     return [*row, int(spec.session(i))] if sessions else row
 
 
+def _session_policy(cfg: BenchConfig, *, on: bool) -> sessions.SessionPolicy | None:
+    """controller.idleSessions of one run: the bench's policy, or with sessions in the fleet the
+    same turned off (the runs beside it), or the example config's own (no sessions: it reads
+    nothing, and earlier results stay comparable)."""
+    if not cfg.idle_sessions:
+        return None
+    return cfg.session_policy if on else cfg.session_policy.off()
+
+
 def _controller(cfg: BenchConfig, prom_url: str, *, idle_sessions: bool = False) -> Any:
     from ghostgpu.config import ControllerConfig
 
@@ -607,7 +616,7 @@ async def _controller_run(
         source,
         backend,
         long_window=cfg.window if cfg.idle_sessions else None,
-        idle_sessions=cfg.session_policy if idle_sessions else None,
+        idle_sessions=_session_policy(cfg, on=idle_sessions),
     )
     conf.write_text(yaml.safe_dump(doc, sort_keys=False))
     out = state / f"controller-{tag}.jsonl"

@@ -63,6 +63,12 @@ class SessionPolicy(BaseModel):
         """after + warnBefore: the longest window the ladder reads (a stop's re-read)."""
         return self.after_s + self.warn_before_s
 
+    def off(self) -> SessionPolicy:
+        """The same policy switched off: the run beside it, without idle sessions. (The example
+        config the bench starts from sets `shadow`, which in a fleet with no idle session runs
+        nothing; with sessions in the fleet it would read their history, so it is turned off.)"""
+        return self.model_copy(update={"mode": "off"})
+
     def config(self) -> dict[str, Any]:
         return {
             "mode": self.mode,
