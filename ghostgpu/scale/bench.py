@@ -720,7 +720,14 @@ async def _measure(
     )
 
 
-IDLE_POLL_KEYS = ("history_queries", "history_wall_s", "idle_tend_wall_s", "idle_candidates", "idle_steps")
+IDLE_POLL_KEYS = (
+    "history_queries",
+    "history_reads",
+    "history_wall_s",
+    "idle_tend_wall_s",
+    "idle_candidates",
+    "idle_steps",
+)
 
 
 async def _idle_sessions_run(

@@ -36,6 +36,7 @@ class Recorder:
         self._gc0: tuple[float, int] = (0.0, 0)
         self.process_failures, self.process_failure_samples = {}, []
         self.idle_steps, self.idle_candidates, self.idle_tend_s = {}, 0, 0.0
+        self.history_reads: dict[str, int] = {}
 
     gc_freeze = False  # EXPERIMENT, not the controller as shipped: gc.freeze() after sync/polls
     profile_from: int | None = None  # cProfile polls from this one on (`--profile`)
@@ -76,6 +77,7 @@ class Recorder:
     def begin(self) -> None:
         self.process_failures, self.process_failure_samples = {}, []
         self.idle_steps, self.idle_candidates, self.idle_tend_s = {}, 0, 0.0
+        self.history_reads = {}
         self._history0 = self.counter.history_wall_s
         self._gc0 = (self.gc_s, self.gc_full)
         if self.profile_from is not None and self.poll + 1 >= self.profile_from and self.profiler:
@@ -129,6 +131,7 @@ class Recorder:
             "idle_tend_wall_s": round(self.idle_tend_s, 4),
             "idle_candidates": self.idle_candidates,
             "idle_steps": dict(sorted(self.idle_steps.items())),
+            "history_reads": dict(sorted(self.history_reads.items())),
             "process_cpu_s": round(cpu_seconds() - self.cpu0, 3),
             "process_wall_s": round(time.perf_counter() - self.t0, 3),
         }
@@ -221,6 +224,17 @@ def install(recorder: Recorder) -> None:
         recorder.idle_tended(len(candidates), [step.action for _c, step in done], time.perf_counter() - t0)
         return done
 
+    original_history = IdleSessions._history
+
+    async def history(self: Any, group: Any, window: float) -> Any:
+        # one call per distinct `after` (the ladder, every candidate of that window) and one per
+        # candidate whose ladder asks for after + warnBefore (a stop's, or in shadow a would-stop's,
+        # re-read): by window, so the two are told apart
+        key = f"{window:g}"
+        recorder.history_reads[key] = recorder.history_reads.get(key, 0) + 1
+        return await original_history(self, group, window)
+
+    IdleSessions._history = history  # type: ignore[method-assign]
     IdleSessions.tend = tend  # type: ignore[method-assign]
     AgentProcessSource.list_many = list_many  # type: ignore[method-assign]
     ExecProcessSource.list_processes = list_processes  # type: ignore[method-assign]

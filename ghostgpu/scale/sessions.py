@@ -236,9 +236,11 @@ def history_cost(
     policy: SessionPolicy,
 ) -> dict[str, dict[str, Any]]:
     """The history query for the bench's sessions against the bench's Prometheus: as the bench's
-    controller sends it (the ladder over `after`, the re-read over after + warnBefore), and as a
-    controller with the default policy would (3 h, lookback 8 h; the bench's Prometheus holds only
-    minutes, so its range reads are shorter than a real 3 h history, its lookback steps are not)."""
+    controller sends it (the ladder over `after` for every session at once; the re-read over
+    after + warnBefore, which names one session's pods and is sent once per session that asks for
+    it), and as a controller with the default policy would (3 h, lookback 8 h; the bench's
+    Prometheus holds only minutes, so its range reads are shorter than a real 3 h history, its
+    lookback steps are not)."""
     return {
         "ladder": time_query(
             prom_url,
@@ -250,7 +252,7 @@ def history_cost(
             prom_url,
             controller_history_query(
                 controller,
-                sessions,
+                sessions[:1],
                 after_s=policy.after_s,
                 warn_before_s=policy.warn_before_s,
                 window_s=policy.full_s,
@@ -272,11 +274,14 @@ def steady_history(rows: Sequence[Mapping[str, Any]], window: int) -> dict[str, 
     steady = rows[window + 1 :]
     if not steady:
         return {}
-    steps: dict[str, int] = {}
-    for k, v in (steady[-1].get("idle_steps") or {}).items():
-        steps[k] = steps.get(k, 0) + v
+    steps = dict(steady[-1].get("idle_steps") or {})
+    windows = sorted({k for r in steady for k in r.get("history_reads") or {}}, key=float)
     return {
         "history_queries": statistics.median(r.get("history_queries", 0) for r in steady),
+        # by the window read (seconds): the ladder's over `after`, the re-reads over after + warnBefore
+        "history_reads": {
+            w: statistics.median((r.get("history_reads") or {}).get(w, 0) for r in steady) for w in windows
+        },
         "history_wall_s": round(statistics.median(r.get("history_wall_s", 0.0) for r in steady), 4),
         "tend_wall_s": round(statistics.median(r.get("idle_tend_wall_s", 0.0) for r in steady), 4),
         "candidates": statistics.median(r.get("idle_candidates", 0) for r in steady),
