@@ -203,11 +203,20 @@ def _steps(steps: dict[str, int]) -> str:
     return ", ".join(f"{k} {v:,}" for k, v in sorted(steps.items())) or "—"
 
 
+def _reads(history: dict[str, Any]) -> str:
+    """History queries per poll, and by the window each read (the ladder's `after`, a re-read's
+    after + warnBefore), when the probe told them apart."""
+    total = f"{history.get('history_queries', 0):g}"
+    reads = history.get("history_reads") or {}
+    return total + (f" ({', '.join(f'{w} s: {n:g}' for w, n in reads.items())})" if reads else "")
+
+
 def idle_sessions_markdown(results: Sequence[SizeResult]) -> str:
     """The run with idle sessions on beside the same run without (controller side), then the
     history query against the bench's Prometheus."""
     lines = [
-        "| N pods (idle, sessions) | IDLE_HELD verdicts | ladder's steps (last poll) | history queries/poll "
+        "| N pods (idle, sessions) | IDLE_HELD verdicts | ladder's steps (last poll) "
+        "| history queries/poll (by window read) "
         "| history s/poll (controller) | CPU s/cycle without | CPU s/cycle with | extra CPU s/cycle "
         "| with ÷ floor | peak RSS MiB with | Prometheus queries/poll | apiserver requests/poll "
         "| exec calls/poll |",
@@ -220,7 +229,7 @@ def idle_sessions_markdown(results: Sequence[SizeResult]) -> str:
         h = i.history
         lines.append(
             f"| {r.n:,} ({r.idle:,}, {i.sessions:,}) | {i.states.get('IDLE_HELD', 0):,} | "
-            f"{_steps(h.get('steps_last_poll') or {})} | {h.get('history_queries', 0):g} | "
+            f"{_steps(h.get('steps_last_poll') or {})} | {_reads(h)} | "
             f"{h.get('history_wall_s', 0.0):.3f} | {_s(r.ghostgpu.cycle_cpu_s, 3)} | "
             f"{_s(i.side.cycle_cpu_s, 3)} | {_s(r.idle_sessions_extra_cpu_s, 3)} | "
             f"{_ratio(r.idle_sessions_floor_ratio)} | {i.side.peak_rss_mib:.0f} | "

@@ -254,6 +254,9 @@ def test_the_idle_session_run_is_judged_by_the_agent_modes_targets_and_the_ladde
     assert not _met(_result(0.55, queries=4))["idle sessions: one poll query per poll, plus the history"]
     table = idle_sessions_markdown([res])
     assert "| 10,000 (100, 50) | 50 | would-stop 50 | 2 | 0.050 | 0.500 | 0.550 | 0.050 | 5.5x |" in table
+    assert res.idle_sessions is not None
+    res.idle_sessions.history["history_reads"] = {"60": 1, "90": 1}
+    assert "| would-stop 50 | 2 (60 s: 1, 90 s: 1) |" in idle_sessions_markdown([res])
 
 
 def test_the_saved_json_keeps_the_idle_session_run_and_old_files_still_read() -> None:
