@@ -252,7 +252,9 @@ def idle_sessions_markdown(results: Sequence[SizeResult]) -> str:
             "reread": "a stop's re-read (after + warnBefore)",
             "default_policy": "the default policy's (3 h, lookback 8 h)",
         }
-        for key, c in i.cost.items():
+        for key, c in sorted(
+            i.cost.items(), key=lambda kv: list(names).index(kv[0]) if kv[0] in names else 9
+        ):
             lines.append(
                 f"| {r.n:,} ({i.sessions:,}) | {names.get(key, key)} | {windows.get(key, 0):,.0f} | "
                 f"{_s(c.get('wall_s'), 3)} | {_s(c.get('exec_s'), 3)} | {_n(c.get('samples') or 0)} | "
