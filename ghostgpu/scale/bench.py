@@ -629,7 +629,9 @@ async def _controller_run(
     argv = [sys.executable, "-m", "ghostgpu.scale.probe", f"--config={conf}"]
     argv += [f"--kubeconfig={cluster.kubeconfig}", f"--polls={polls}", f"--out={out}"]
     argv += [f"--prom-port={prom_port}", f"--port={procs.free_port()}"]
-    argv += [f"--decision-log={state / f'decisions-{tag}.jsonl'}"]
+    decisions = state / f"decisions-{tag}.jsonl"
+    decisions.unlink(missing_ok=True)  # the log appends: a re-run in the same state dir reads its own
+    argv += [f"--decision-log={decisions}"]
     t0 = time.time()
     await asyncio.to_thread(_run, argv, state / "probe.log", 3600)
     t1 = time.time()
