@@ -267,3 +267,15 @@ def test_the_saved_json_keeps_the_idle_session_run_and_old_files_still_read() ->
     del old["results"][0]["idle_sessions"]
     assert from_json(old)[0].idle_sessions is None
     assert not [name for name, _ok, _e in targets(from_json(old)) if name.startswith("idle sessions")]
+
+
+def test_docs_scale_idle_session_tables_are_the_saved_runs() -> None:
+    """docs/scale.md's idle-session tables are `idle_sessions_markdown` of the two saved runs."""
+    repo = Path(__file__).resolve().parents[2]
+    results = [
+        r
+        for name in ("scale-idle-2k.json", "scale-idle-10k.json")
+        for r in from_json(json.loads((repo / "benchmarks" / "results" / name).read_text()))
+    ]
+    assert all(r.idle_sessions is not None for r in results)
+    assert idle_sessions_markdown(results) in (repo / "docs" / "scale.md").read_text(encoding="utf-8")
