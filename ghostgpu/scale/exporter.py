@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import shutil
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -256,6 +257,9 @@ def start_metrics(
         [sys.executable, "-m", "ghostgpu.scale.exporter", f"--port={eport}", f"--fleet={fleet_file}"],
         logs,
     )
+    # A fresh TSDB: a re-run in the same state dir within Prometheus's lookback would otherwise
+    # read the last run's series beside this one's (the same pods under other uids: UNKNOWN).
+    shutil.rmtree(state / "prometheus", ignore_errors=True)
     cfg = state / "prometheus.yml"
     cfg.write_text(
         yaml.safe_dump(prometheus_config(eport, scrape_interval, cadvisor=cadvisor), sort_keys=True)
