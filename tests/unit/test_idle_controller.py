@@ -208,6 +208,31 @@ async def test_shadow_mode_warns_nobody(tmp_path: Path) -> None:
     assert states == {"would-stop"}
 
 
+async def test_sessions_read_again_at_their_deadline_share_one_query(tmp_path: Path) -> None:
+    """A session past `after + warnBefore` is read again over that span; however many wait there,
+    a poll sends one such query naming all their pods, beside the ladder's one."""
+    h, prom = harness(tmp_path, mode="shadow")
+    for name in ("nb2", "nb3"):
+        h.add(name, table=KERNEL)
+    prom.idle()
+    named: list[tuple[int, int]] = []
+    answer = prom.query
+
+    async def query(promql: str, *, at: float | None = None) -> Any:
+        pods = re.search(r'pod=~"([^"]+)"', promql).group(1).split("|")  # type: ignore[union-attr]
+        named.append((int(re.search(r"\[(\d+)s\]", promql).group(1)), len(pods)))  # type: ignore[union-attr]
+        return await answer(promql, at=at)
+
+    prom.query = query  # type: ignore[method-assign]
+    await h.polls(20)
+    states = [s.labels["state"] for s in h.metrics.idle_sessions.collect()[0].samples]
+    assert states == ["would-stop"] * 3
+    named.clear()
+    await h.polls(1)
+    # The ladder's window (after, 10m) and the re-read (after + warnBefore, 15m): 3 pods each.
+    assert sorted(named) == [(600, 3), (900, 3)]
+
+
 async def test_a_namespace_annotation_moves_after_within_bounds(tmp_path: Path) -> None:
     h, prom = harness(tmp_path)
     prom.idle()

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ghostgpu.config import ControllerConfig
@@ -81,16 +82,30 @@ class IdleSessions:
     async def tend(self, candidates: Sequence[Candidate]) -> list[tuple[Candidate, Step]]:
         now = self.clock()
         self.metrics.idle_sessions.clear()  # the gauge says this poll's sessions, none left over
-        done: list[tuple[Candidate, Step]] = []
+        looks: list[_Look] = []
         for window, group in _by_window(candidates).items():
             history = await self._history(group, window)
-            for c in group:
-                step = await self._step(c, history, window, now)
-                try:
-                    await self._apply(c, step, now)
-                except Exception as exc:  # one workload's failure must not stop the others
-                    log.exception("idle session", extra={"workload": str(c.workload.ref), "error": str(exc)})
-                done.append((c, step))
+            looks.extend([await self._look(c, history, window, now) for c in group])
+        # Sessions whose work ended before the ladder's window are read again over after +
+        # warnBefore: one query per such span for all of them, as for the ladder. One per session
+        # made a poll's queries grow with the sessions waiting at their deadline (every poll in
+        # shadow, and while a stop is escalated).
+        rereads: dict[float, list[_Look]] = {}
+        for lk in looks:
+            if lk.step.action == "reread":
+                rereads.setdefault(lk.c.policy.after_s + lk.c.policy.warn_before_s, []).append(lk)
+        for full, group in rereads.items():
+            history = await self._history([lk.c for lk in group], full)
+            for lk in group:
+                lk.step = self._climb(lk.c, history, full, now, lk.record, lk.annotations, lk.raw)
+        done: list[tuple[Candidate, Step]] = []
+        for lk in looks:
+            step = _own_window_agrees(lk.c, lk.step)
+            try:
+                await self._apply(lk.c, step, now)
+            except Exception as exc:  # one workload's failure must not stop the others
+                log.exception("idle session", extra={"workload": str(lk.c.workload.ref), "error": str(exc)})
+            done.append((lk.c, step))
         return done
 
     async def _history(self, group: Sequence[Candidate], window: float) -> dict[tuple[str, str], PodHistory]:
@@ -116,29 +131,22 @@ class IdleSessions:
             return {}
         return parse_history(((s.labels, s.value) for s in samples), preset.namespace_label, preset.pod_label)
 
-    async def _step(
+    async def _look(
         self, c: Candidate, history: dict[tuple[str, str], PodHistory], window: float, now: float
-    ) -> Step:
+    ) -> _Look:
         wl = c.workload
         raw = wl.raw
         annotations = (raw.get("metadata") or {}).get("annotations") or {}
         record = record_of(annotations)
         if not c.idle_held:
             why = f"the verdict is now {c.verdict.kind.value}"
-            return Step(action="clear" if record is not None else "none", reason=why)
+            step = Step(action="clear" if record is not None else "none", reason=why)
+            return _Look(c, step, record, annotations, raw)
         if KEEP_UNTIL in annotations:
             # Who set the snooze and when are in managedFields, which the watch cache drops.
             raw = await self.actor.cluster.get(wl.ref)
         step = self._climb(c, history, window, now, record, annotations, raw)
-        if step.action == "reread":
-            full = c.policy.after_s + c.policy.warn_before_s
-            step = self._climb(c, await self._history([c], full), full, now, record, annotations, raw)
-        if step.action == "stop" and c.verdict.kind is not VerdictKind.IDLE_HELD:
-            # Belt and braces: this controller's own window must agree too (after a restart it
-            # waits for its long window; the history alone never stops a session).
-            why = f"the stop waits for this controller's window to say IDLE_HELD (now {c.verdict.kind.value})"
-            return step.model_copy(update={"action": "hold", "reason": why})
-        return step
+        return _Look(c, step, record, annotations, raw)
 
     def _climb(
         self,
@@ -226,6 +234,26 @@ class IdleSessions:
             )
             # The warning is spent: a restored session starts a new idle clock of its own.
             await self.actor.annotate_workload(wl, c.pods, dict.fromkeys(RECORD_KEYS))
+
+
+@dataclass
+class _Look:
+    """One candidate's step from the ladder's read, and what a re-read climbs again with."""
+
+    c: Candidate
+    step: Step
+    record: Record | None
+    annotations: dict[str, Any]
+    raw: dict[str, Any]
+
+
+def _own_window_agrees(c: Candidate, step: Step) -> Step:
+    """Belt and braces: this controller's own window must say IDLE_HELD too before a stop (after
+    a restart it waits for its long window; the history alone never stops a session)."""
+    if step.action == "stop" and c.verdict.kind is not VerdictKind.IDLE_HELD:
+        why = f"the stop waits for this controller's window to say IDLE_HELD (now {c.verdict.kind.value})"
+        return step.model_copy(update={"action": "hold", "reason": why})
+    return step
 
 
 def _by_window(candidates: Sequence[Candidate]) -> dict[float, list[Candidate]]:
