@@ -237,10 +237,9 @@ def history_cost(
 ) -> dict[str, dict[str, Any]]:
     """The history query for the bench's sessions against the bench's Prometheus: as the bench's
     controller sends it (the ladder over `after` for every session at once; the re-read over
-    after + warnBefore, which names one session's pods and is sent once per session that asks for
-    it), and as a controller with the default policy would (3 h, lookback 8 h; the bench's
-    Prometheus holds only minutes, so its range reads are shorter than a real 3 h history, its
-    lookback steps are not)."""
+    after + warnBefore, once for every session that asks for it), and as a controller with the
+    default policy would (3 h, lookback 8 h; the bench's Prometheus holds only minutes, so its range
+    reads are shorter than a real 3 h history, its lookback steps are not)."""
     return {
         "ladder": time_query(
             prom_url,
@@ -252,7 +251,7 @@ def history_cost(
             prom_url,
             controller_history_query(
                 controller,
-                sessions[:1],
+                sessions,
                 after_s=policy.after_s,
                 warn_before_s=policy.warn_before_s,
                 window_s=policy.full_s,
