@@ -465,7 +465,7 @@ def test_an_open_tab_keeps_nothing(bench: Bench) -> None:
     warned, _ = warned_then_stopped(bench, bench.tab, "notebook")
     running = agent_series("ghostgpu_agent_container_running", bench.ns, bench.tab)
     scans = promql(bench.cluster, f"count_over_time({running}[3m])")
-    busy = promql(bench.cluster, f"count_over_time(({running} > 0)[3m:1s])")
+    busy = promql(bench.cluster, f"count_over_time(({running} > 0)[3m:1s])") or 0
     print(f"[idle-cases] open tab: {busy} of {scans} agent scans saw a process running")
     # Nothing the tab did cancelled the warning or gave a second one.
     told = [(e.reason, e.message) for e in bench.events(bench.tab) if e.reason.startswith("IdleSession")]
