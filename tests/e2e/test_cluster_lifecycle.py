@@ -51,4 +51,3 @@ def test_up_status_down_leaves_nothing_running(tmp_path: Path) -> None:
 def test_status_without_a_cluster_says_so(tmp_path: Path) -> None:
     res = CliRunner().invoke(app, ["devcluster", "status", "--state-dir", str(tmp_path / "none")])
     assert res.exit_code == 1 and "not started" in res.output
-

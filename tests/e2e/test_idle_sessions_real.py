@@ -28,43 +28,48 @@ session's timeline plus the faults'.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
-import socket
 import subprocess
-import sys
 import threading
 import time
-import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
-import websocket
-import yaml
 from cli_runs import restore
-from kubernetes import client
-from test_controller import REPO, Controller, controller_config, opt_in, wait_for
+from idle_real import (
+    AFTER,
+    CPU_WINDOW,
+    WARN_BEFORE,
+    Owners,
+    Session,
+    busy_cell,
+    computing,
+    cpu_rate,
+    cpu_series,
+    decisions_of,
+    free_port,
+    idle_config,
+    promql,
+    start_agent,
+    start_pods,
+    stop_agent,
+)
+from test_controller import Controller, opt_in, wait_for
 
-from ghostgpu.devcluster import DevCluster, FakeDcgmClient
-from ghostgpu.devcluster.fleet import Box, RealShape, deployment, the_running_pod
+from ghostgpu.devcluster import DevCluster
+from ghostgpu.devcluster.fleet import the_running_pod
 from ghostgpu.idle_policy import IdleSessionsConfig
 from ghostgpu.idle_sessions import IDLE_DEADLINE, IDLE_SINCE, IDLE_WARNED_AT
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.real_node, pytest.mark.timeout(600)]
 
-AFTER, WARN_BEFORE = 40, 20  # seconds: the test policy
-CPU_WINDOW = "40s"  # what the tests read of cAdvisor's counter: several of its 10-15 s refreshes
-TOKEN = uuid.uuid4().hex
-AGENT_TARGET = "idle-agent"
 # The silent computation: CPU-bound, prints nothing, for longer than after + warnBefore (and the
-# polls around them). It spins a quarter of each half second: well above cpuBelow (0.02 cores), a
-# small share of a machine the test shares.
+# polls around them).
 # It outlasts the idle kernel's test (warning, stop, restore and a pod started again), which runs
 # before the check that it still computes.
 BUSY_S = AFTER + WARN_BEFORE + 180
@@ -73,147 +78,16 @@ BUSY_S = AFTER + WARN_BEFORE + 180
 # Then Prometheus hangs (SIGSTOP: queries time out, nothing is scraped) for PROMETHEUS_HUNG, then
 # the node's kubelet is stopped for KUBELET_DOWN (the exec of `ps` fails, cAdvisor is not scraped).
 GPU_GONE_PAST_DEADLINE, AGENT_HUNG, PROMETHEUS_HUNG, KUBELET_DOWN = 20, 20, 15, 15
-BUSY_CELL = (
-    "import time\n"
-    f"end = time.time() + {BUSY_S}\n"
-    "x = 0\n"
-    "while time.time() < end:\n"
-    "    t = time.time() + 0.125\n"
-    "    while time.time() < t:\n"
-    "        x += 1\n"
-    "    time.sleep(0.375)\n"
-)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def notebook(port: int) -> Box:
-    """A Jupyter server as a notebook image's container runs it (hostNetwork: its own port)."""
-    return Box(
-        [
-            "jupyter-server",
-            "--allow-root",
-            "--ServerApp.ip=127.0.0.1",
-            f"--ServerApp.port={port}",
-            "--ServerApp.port_retries=0",
-            "--ServerApp.open_browser=False",
-            "--ServerApp.root_dir=/tmp",
-            f"--IdentityProvider.token={TOKEN}",
-        ],
-        image="notebook",
-    )
 
 
 @dataclass
-class Session:
-    name: str
-    port: int
-    pod: str = ""
-    kernel: str = ""
-    started: float = 0.0  # monotonic: when its kernel was up
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def api(self) -> httpx.Client:
-        return httpx.Client(base_url=self.url, headers={"Authorization": f"token {TOKEN}"}, timeout=10)
-
-    def start_kernel(self) -> None:
-        """POST /api/kernels, then one kernel_info request over the websocket: its reply says the
-        kernel is up (the REST `execution_state` of a kernel started this way stays `starting`:
-        the server subscribes to the kernel's status messages after the first one was sent)."""
-        with self.api() as api:
-            r = api.post("/api/kernels", json={"name": "python3"})
-            assert r.status_code == 201, r.text
-            self.kernel = r.json()["id"]
-        self.request("kernel_info_request", {}, reply="kernel_info_reply")
-        self.started = time.monotonic()
-
-    def kernel_alive(self) -> bool:
-        with self.api() as api:
-            return api.get(f"/api/kernels/{self.kernel}").status_code == 200
-
-    def execute(self, code: str) -> None:
-        """Run `code` in the kernel; returns once the kernel says it is busy with it."""
-        content = {
-            "code": code,
-            "silent": False,
-            "store_history": False,
-            "user_expressions": {},
-            "allow_stdin": False,
-            "stop_on_error": True,
-        }
-        self.request("execute_request", content, busy=True)
-
-    def request(self, msg_type: str, content: dict[str, Any], *, reply: str = "", busy: bool = False) -> None:
-        """One request through the server's websocket (Jupyter's kernel protocol, v5 messages on
-        the shell channel), waiting for its `reply` (or the kernel's busy status for it); the
-        connection is closed after, as a browser tab that goes away."""
-        ws = websocket.create_connection(
-            f"ws://127.0.0.1:{self.port}/api/kernels/{self.kernel}/channels",
-            header=[f"Authorization: token {TOKEN}"],
-            timeout=30,
-        )
-        try:
-            msg_id = uuid.uuid4().hex
-            header = {
-                "msg_id": msg_id,
-                "msg_type": msg_type,
-                "username": "e2e",
-                "session": uuid.uuid4().hex,
-                "date": datetime.now(UTC).isoformat(),
-                "version": "5.3",
-            }
-            msg = {"header": header, "parent_header": {}, "metadata": {}, "content": content}
-            ws.send(json.dumps({**msg, "channel": "shell", "buffers": []}))
-            deadline = time.monotonic() + 60
-            while time.monotonic() < deadline:
-                m = json.loads(ws.recv())
-                if m.get("parent_header", {}).get("msg_id") != msg_id:
-                    continue
-                if m.get("msg_type") == reply:
-                    return
-                if busy and m.get("msg_type") == "status" and m["content"]["execution_state"] == "busy":
-                    return
-            raise AssertionError(f"{self.name}: no answer to {msg_type}")
-        finally:
-            ws.close()
-
-
-@dataclass
-class Bench:
-    cluster: DevCluster
-    ns: str
+class Bench(Owners):
     idle: Session
     busy: Session
     faulted: Session
     controller: Controller
     tmp: Path
     faults: FaultScript | None = None
-    warnings_seen: dict[str, list[str]] = field(default_factory=dict)
-
-    @property
-    def apps(self) -> client.AppsV1Api:
-        return client.AppsV1Api(self.cluster.kube.api_client)
-
-    @property
-    def core(self) -> client.CoreV1Api:
-        return client.CoreV1Api(self.cluster.kube.api_client)
-
-    def annotations(self, s: Session) -> dict[str, str]:
-        return self.apps.read_namespaced_deployment(s.name, self.ns).metadata.annotations or {}
-
-    def replicas(self, s: Session) -> int:
-        return int(self.apps.read_namespaced_deployment(s.name, self.ns).spec.replicas)
-
-    def events(self, s: Session) -> list[Any]:
-        sel = f"involvedObject.name={s.name},involvedObject.kind=Deployment"
-        return self.core.list_namespaced_event(self.ns, field_selector=sel).items
 
 
 class FaultScript(threading.Thread):
@@ -304,59 +178,25 @@ class FaultScript(threading.Thread):
             time.sleep(1)
 
 
-def idle_config(tmp: Path, prometheus_url: str) -> Path:
-    path = controller_config(tmp, prometheus_url, "enforce")
-    cfg = yaml.safe_load(path.read_text())
-    c = cfg["controller"]
-    c["idleSessions"] = {
-        "mode": "enforce",
-        "after": f"{AFTER}s",
-        "warnBefore": f"{WARN_BEFORE}s",
-        "afterBounds": {"min": "10s", "max": "1h"},
-    }
-    # The real agent's series, as a target of its own (the devcluster's ghostgpu-agent job serves
-    # the fake dcgm-exporter's agent series, which know nothing of these pods).
-    c["metrics"]["agentSource"] = {"job": "ghostgpu-controller", "target": AGENT_TARGET}
-    path.write_text(yaml.safe_dump(cfg))
-    return path
-
-
 @pytest.fixture(scope="module")
 def bench(devcluster: DevCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Bench]:
     if devcluster.state.real_node is None:
         pytest.fail(f"the devcluster's real node did not start: {devcluster.state.real_node_error}")
-    images = devcluster.state.node_images
-    assert images is not None
     tmp = tmp_path_factory.mktemp("idle-real")
     t0 = time.monotonic()
     ns = f"idle-real-{int(time.time())}"
-    devcluster.kube.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
-    devcluster.kube.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "ghostgpu-system"}})
     idle, busy = Session("idle-kernel", free_port()), Session("silent-computation", free_port())
     faulted = Session("faulted-kernel", free_port())
     sessions = (idle, busy, faulted)
+    start_pods(devcluster, ns, [(s, s.box) for s in sessions])
     for s in sessions:
-        shape = RealShape(s.name, {"notebook": notebook(s.port)})
-        devcluster.kube.apply(deployment(shape, ns, {"notebook": images.notebook}))
-    core = client.CoreV1Api(devcluster.kube.api_client)
-    dcgm: FakeDcgmClient = devcluster.dcgm
-    for s in sessions:
-        s.pod = wait_for(lambda s=s: the_running_pod(core, ns, s.name), 120, f"{s.name} running")
-        # The GPU double: idle, a model's worth of steady memory.
-        dcgm.set(ns, s.pod, util=0.0, fb_used_mib=20_000, container="notebook", node="localhost")
-        wait_for(lambda s=s: _answers(s), 60, f"{s.name}: Jupyter's API")
+        wait_for(s.answers, 60, f"{s.name}: Jupyter's API")
     print(f"[idle-real] pods and Jupyter servers up in {time.monotonic() - t0:.1f}s")
 
-    port = free_port()
-    agent = subprocess.Popen(
-        [sys.executable, "-m", "ghostgpu.cli", "agent", "--kubeconfig", str(devcluster.kubeconfig),
-         "--node-name", "localhost", "--proc", "/proc", "--listen", f"127.0.0.1:{port}", "--interval", "1"],
-        cwd=REPO, stdout=(tmp / "agent.log").open("w"), stderr=subprocess.STDOUT,
-    )  # fmt: skip
-    devcluster.scrape(AGENT_TARGET, port)
+    agent = start_agent(devcluster, tmp)
     for s in sessions:
         s.start_kernel()
-    busy.execute(BUSY_CELL)
+    busy.execute(busy_cell(BUSY_S))
     opt_in(devcluster, ns)
     ctrl = Controller(devcluster.kubeconfig, idle_config(tmp, devcluster.state.prometheus_url), tmp, "idle")
     b = Bench(devcluster, ns, idle, busy, faulted, ctrl, tmp)
@@ -367,39 +207,10 @@ def bench(devcluster: DevCluster, tmp_path_factory: pytest.TempPathFactory) -> I
     finally:
         b.faults.finish()
         ctrl.stop()
-        agent.terminate()
-        agent.wait(timeout=20)
-        devcluster.unscrape(AGENT_TARGET)
-        dcgm.clear()
+        stop_agent(devcluster, agent)
+        devcluster.dcgm.clear()
         print((tmp / "idle.log").read_text()[-4000:])
         devcluster.kube.delete("v1", "Namespace", ns)
-
-
-def _answers(s: Session) -> bool:
-    try:
-        with s.api() as api:
-            return api.get("/api/status").status_code == 200
-    except httpx.HTTPError:
-        return False
-
-
-def promql(bench: Bench, query: str) -> float | None:
-    url = f"{bench.cluster.state.prometheus_url}/api/v1/query"
-    result = httpx.get(url, params={"query": query}, timeout=10).json()["data"]["result"]
-    return float(result[0]["value"][1]) if result else None
-
-
-def cpu_series(bench: Bench, s: Session) -> str:
-    """The container's cAdvisor CPU counter under the default cpuSource selector."""
-    sel = ", ".join(f'{k}=~"{v}"' for k, v in IdleSessionsConfig().cpu_source.items())
-    return (
-        f'container_cpu_usage_seconds_total{{{sel}, namespace="{bench.ns}", pod="{s.pod}", '
-        f'container="notebook"}}'
-    )
-
-
-def cpu_rate(bench: Bench, s: Session, window: str) -> float:
-    return promql(bench, f"rate({cpu_series(bench, s)}[{window}])") or 0.0
 
 
 def test_cadvisor_cpu_of_the_real_containers_is_in_prometheus(bench: Bench) -> None:
@@ -407,14 +218,23 @@ def test_cadvisor_cpu_of_the_real_containers_is_in_prometheus(bench: Bench) -> N
     sample per scrape (the rungs' coverage), and shows the silent computation's CPU (the idle
     kernel's own start is within these seconds: its quiet is the next test's to show)."""
     for s in (bench.idle, bench.busy):
-        wait_for(lambda s=s: promql(bench, cpu_series(bench, s)) is not None, 60, f"{s.name}: cAdvisor CPU")
+        wait_for(
+            lambda s=s: promql(bench.cluster, cpu_series(bench.ns, s)) is not None,
+            60,
+            f"{s.name}: cAdvisor CPU",
+        )
     time.sleep(10)
-    samples = promql(bench, f"count_over_time({cpu_series(bench, bench.busy)}[10s])") or 0
+    samples = promql(bench.cluster, f"count_over_time({cpu_series(bench.ns, bench.busy)}[10s])") or 0
     assert samples >= 9, samples  # a 1 s scrape
     # cAdvisor refreshes a container's counter every 10-15 s (its housekeeping): a rate needs a
     # window that holds two refreshes.
-    wait_for(lambda: _computing(bench, bench.busy), 60, "the silent computation's CPU in cAdvisor")
-    busy, idle = cpu_rate(bench, bench.busy, CPU_WINDOW), cpu_rate(bench, bench.idle, CPU_WINDOW)
+    wait_for(
+        lambda: computing(bench.cluster, bench.ns, bench.busy), 60, "the silent computation's CPU in cAdvisor"
+    )
+    busy, idle = (
+        cpu_rate(bench.cluster, bench.ns, bench.busy, CPU_WINDOW),
+        cpu_rate(bench.cluster, bench.ns, bench.idle, CPU_WINDOW),
+    )
     print(f"[idle-real] CPU over {CPU_WINDOW}: computing {busy:.4f} cores, idle {idle:.4f} cores")
 
 
@@ -449,7 +269,7 @@ def test_an_idle_kernel_is_warned_then_stopped_through_its_owner_and_restored(be
     assert out.returncode == 0 and "to 1 replicas" in out.stdout, (out.stdout, out.stderr)
     pod = wait_for(lambda: the_running_pod(core, bench.ns, s.name), 120, "the kernel's pod running again")
     assert pod != s.pod
-    wait_for(lambda: _answers(s), 60, "Jupyter's API again")
+    wait_for(s.answers, 60, "Jupyter's API again")
 
 
 def test_a_silent_cpu_computation_is_never_warned(bench: Bench) -> None:
@@ -469,21 +289,7 @@ def test_a_silent_cpu_computation_is_never_warned(bench: Bench) -> None:
     assert s.kernel_alive()
     # Still computing: its container's CPU over CPU_WINDOW, from the same cAdvisor series (asked again
     # while the fault script's Prometheus hang or its gap lasts).
-    wait_for(lambda: _computing(bench, s), 60, "the silent computation's CPU")
-
-
-def _computing(bench: Bench, s: Session) -> bool:
-    try:
-        return cpu_rate(bench, s, CPU_WINDOW) > IdleSessionsConfig().cpu_below
-    except httpx.HTTPError:
-        return False
-
-
-def decisions_of(bench: Bench, s: Session) -> list[dict[str, Any]]:
-    """The controller's decision-log lines for the session's Deployment, in order."""
-    key = f"Deployment/{bench.ns}/{s.name}"
-    lines = [json.loads(x) for x in bench.controller.decisions.read_text().splitlines() if x.strip()]
-    return [x for x in lines if x.get("workload") == key]
+    wait_for(lambda: computing(bench.cluster, bench.ns, s), 60, "the silent computation's CPU")
 
 
 def test_a_warned_kernel_is_never_stopped_on_a_failed_or_stale_signal(bench: Bench) -> None:
@@ -502,8 +308,8 @@ def test_a_warned_kernel_is_never_stopped_on_a_failed_or_stale_signal(bench: Ben
         + f"; deadline at {faults.deadline - time.time() + time.monotonic() - s.started:.0f}s"
     )
     # While its GPU series were gone the controller held the warned session, and said so.
-    held = [d for d in decisions_of(bench, s) if d.get("action") == "idle-hold"]
-    assert held, decisions_of(bench, s)
+    held = [d for d in decisions_of(bench.controller, bench.ns, s) if d.get("action") == "idle-hold"]
+    assert held, decisions_of(bench.controller, bench.ns, s)
     assert any(d.get("verdict") == "UNKNOWN" for d in held), held
     # Then the stop, once fresh evidence covers after + warnBefore again: never inside the last
     # gap's reach (a window of after + warnBefore needs `coverage` of its samples after the gap).
@@ -514,5 +320,5 @@ def test_a_warned_kernel_is_never_stopped_on_a_failed_or_stale_signal(bench: Ben
     print(f"[idle-real] faulted session stopped {since:.0f}s after the kubelet came back")
     assert since >= coverage * (AFTER + WARN_BEFORE) - 8, since
     wait_for(lambda: any(e.reason == "IdleSessionStopped" for e in bench.events(s)), 30, "the stop's Event")
-    stops = [d for d in decisions_of(bench, s) if d.get("action") == "idle-stop"]
-    assert stops, decisions_of(bench, s)
+    stops = [d for d in decisions_of(bench.controller, bench.ns, s) if d.get("action") == "idle-stop"]
+    assert stops, decisions_of(bench.controller, bench.ns, s)
