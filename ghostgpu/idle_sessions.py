@@ -46,6 +46,12 @@ NOTEBOOK_PROGRAMS = frozenset({
     "jupyter-labhub", "ipykernel", "ipykernel_launcher", "ipython", "code-server", "openvscode-server",
     "rstudio-server", "rsession",
 })  # fmt: skip
+# The part of a notebook that serves the browser, not the kernel that computes: caught running, it
+# was answering a client (an open tab's heartbeat, a save), which is no work of the session's.
+NOTEBOOK_FRONTENDS = frozenset({
+    "jupyter", "jupyter-lab", "jupyter-notebook", "jupyter-server", "jupyterhub-singleuser",
+    "jupyter-labhub", "code-server", "openvscode-server", "rstudio-server",
+})  # fmt: skip
 TERMINAL_PROGRAMS = frozenset({
     "tmux", "tmux: server", "screen", "SCREEN", "bash", "sh", "zsh", "dash", "ash", "fish", "ksh",
     "mksh", "ttyd", "sshd", "mosh-server", "login",

@@ -12,7 +12,9 @@ such container, so the class rides as a label instead of a series of its own):
 - the unix time the youngest process started, monitors and what they started aside (a command
   typed, a new kernel), labelled with the container's class:
   `ghostgpu_agent_container_newest_start_seconds{class}`;
-- how many processes run or wait on I/O (R, D), monitors aside: `..._running`;
+- how many processes run or wait on I/O (R, D), monitors aside, and in a notebook its front-end
+  server aside (caught running, it was answering a browser, an open tab's heartbeat; the kernel,
+  where a cell computes, counts): `..._running`;
 - the wakeups (context switches) of the processes with a controlling terminal, tmux and screen
   aside (they redraw on their own clock): a keystroke wakes the shell that reads it:
   `..._tty_wakeups`, which only moves (the controller reads any change in the window as activity;
@@ -35,7 +37,7 @@ from prometheus_client.registry import Collector
 
 from ghostgpu.agent.procfs import HostProcess
 from ghostgpu.idle_policy import SessionClass
-from ghostgpu.idle_sessions import MONITOR_PROGRAMS, class_of, session_program
+from ghostgpu.idle_sessions import MONITOR_PROGRAMS, NOTEBOOK_FRONTENDS, class_of, session_program
 from ghostgpu.verdict import ProcessPolicy, program_of
 
 _CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -103,10 +105,13 @@ def idle_facts(group: Sequence[HostProcess]) -> IdleFacts | None:
     cls = class_of(keepers)
     if cls is None or cls is SessionClass.OTHER:
         return None
+    working = live
+    if cls is SessionClass.NOTEBOOK:
+        working = [p for p in live if session_program(p.args) not in NOTEBOOK_FRONTENDS]
     return IdleFacts(
         session_class=cls,
         newest_start_age_s=min((p.elapsed_s for p in live), default=10**9),
-        running=sum(p.stat[:1] in ("R", "D") for p in live),
+        running=sum(p.stat[:1] in ("R", "D") for p in working),
         tty_wakeups=sum(p.wakeups for p in live if p.tty and program_of(p.args)[0] not in _MULTIPLEXERS),
         monitor_cpu_s=round(sum(p.cpu_ticks for p in monitors) / _CLK_TCK, 2) if monitors else None,
     )
@@ -127,7 +132,8 @@ class IdleFactsCollector(Collector):
         )
         running = GaugeMetricFamily(
             "ghostgpu_agent_container_running",
-            "Processes of the container running or in uninterruptible I/O, monitors aside.",
+            "Processes of the container running or in uninterruptible I/O, monitors and a "
+            "notebook's front-end server aside.",
             labels=list(LABELS),
         )
         tty = GaugeMetricFamily(

@@ -46,6 +46,30 @@ def test_an_idle_kernel_is_a_notebook_with_nothing_new_or_running() -> None:
     assert (facts.newest_start_age_s, facts.running, facts.tty_wakeups) == (3600, 0, 0)
 
 
+def test_a_notebook_server_answering_a_tab_is_no_worker_but_its_kernel_and_terminals_are() -> None:
+    def notebook(server: str, kernel: str, shell: str = "S") -> list[procfs.HostProcess]:
+        return [
+            proc(1, "tini -- start-notebook.sh", ppid=0),
+            proc(7, "/opt/conda/bin/python3 /opt/conda/bin/jupyter-lab --ip=0.0.0.0", stat=server),
+            proc(40, "/opt/conda/bin/python3 -m ipykernel_launcher -f /tmp/k.json", ppid=7, stat=kernel),
+            proc(50, "/bin/bash -l", ppid=7, stat=shell, tty=True),  # a Jupyter terminal
+        ]
+
+    def running(procs: list[procfs.HostProcess]) -> int:
+        facts = idle_facts(procs)
+        assert facts is not None and facts.session_class is SessionClass.NOTEBOOK
+        return facts.running
+
+    # Caught answering an open tab's heartbeat: the front-end server's own work, not the session's.
+    assert running(notebook(server="R", kernel="S")) == 0
+    # A cell computing, or a command in the notebook's terminal, is work.
+    assert running(notebook(server="S", kernel="R")) == 1
+    assert running(notebook(server="R", kernel="S", shell="R")) == 1
+    # Outside a notebook a server's running process counts: a model server answering is its work.
+    served = idle_facts([proc(1, "tini -- uvicorn app:api", ppid=0), proc(2, "uvicorn app:api", stat="R")])
+    assert served is not None and served.session_class is SessionClass.SERVER and served.running == 1
+
+
 def test_watch_and_what_it_starts_are_monitors() -> None:
     facts = idle_facts(
         [
