@@ -274,7 +274,7 @@ def test_docs_scale_idle_session_tables_are_the_saved_runs() -> None:
     repo = Path(__file__).resolve().parents[2]
     results = [
         r
-        for name in ("scale-idle-2k.json", "scale-idle-10k.json")
+        for name in ("scale-idle-2k.json", "scale-idle-10k.json", "scale-idle-50k.json")
         for r in from_json(json.loads((repo / "benchmarks" / "results" / name).read_text()))
     ]
     assert all(r.idle_sessions is not None for r in results)
