@@ -21,6 +21,7 @@ import asyncio
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from operator import itemgetter
+from typing import Any
 
 from ghostgpu.actuators import RECLAIMED_FROM_RECORD
 from ghostgpu.config import ControllerConfig
@@ -157,6 +158,7 @@ class Observer:
         pods_of = result.pods_of = pods_by_workload(workloads, snap.pods, snap.top_of)
         out: Eligible = {}
         grace = self.cfg.startup_grace.seconds
+        reclaimed = self.reclaimed_pods
         # Sorted by (kind, namespace, name): WorkloadRef is a tuple, compared in C.
         for ref, wl in sorted(workloads.items(), key=itemgetter(0)):
             st = self.states[ref]
@@ -174,7 +176,8 @@ class Observer:
                 result.states["reclaimed" if stopped else "no-running-pod"] += 1
                 st.reset_window()
                 continue
-            if any(p.gpus_unknown for p in running):
+            # One pod (nearly every workload): its flag read as is, no generator per workload.
+            if running[0].gpus_unknown if len(running) == 1 else any(p.gpus_unknown for p in running):
                 # A ResourceClaim of its pods is not in the cache yet (claims.py): not judged
                 # this poll (no sample, no verdict), never judged on GPUs it may hold.
                 result.states["gpus-unknown"] += 1
@@ -182,11 +185,17 @@ class Observer:
             dra = running[0].dra_gpus if len(running) == 1 else max(p.dra_gpus for p in running)
             if dra != st.dra_gpus_per_pod:
                 st.dra_gpus_per_pod = dra
-            if self._settling(ref, running, now):
+            # Only workloads this process stopped are settling: none on nearly every poll.
+            if reclaimed and self._settling(ref, running, now):
                 result.states["reclaimed"] += 1  # the cache has not seen the scale-down yet
                 st.reset_window()
                 continue
-            if self._in_grace(wl, running, st, now, grace):
+            # The same one pod as last poll, already past the grace (nearly every workload on
+            # every poll): _in_grace would answer False without changing anything; not called.
+            known = st.pod_uids
+            if not (
+                st.past_grace and len(running) == 1 and len(known) == 1 and known[0] == running[0].uid
+            ) and self._in_grace(wl, running, st, now, grace):
                 result.states["grace"] += 1
                 st.reset_window()
                 continue
@@ -244,15 +253,19 @@ class Observer:
     async def gather(
         self, eligible: Mapping[WorkloadRef, tuple[Workload, list[PodView], WorkloadState]], now: float
     ) -> tuple[dict[WorkloadRef, Listing | None], dict[PodKey, PodReading]]:
-        keys_ = [PodKey(p.namespace, p.name) for _, pods, _ in eligible.values() for p in pods]
+        # The pods' keys, their UIDs and DRA devices in one pass, one PodKey per pod: three passes
+        # built two PodKeys per pod per poll (a namedtuple's __new__ is a Python-level call).
+        keys_: list[PodKey] = []
+        uids: dict[PodKey, str] = {}
         # DRA pods' GPU devices (claims.py): each must have its own series.
-        devices = {
-            PodKey(p.namespace, p.name): p.dra_devices
-            for _, pods, _ in eligible.values()
-            for p in pods
-            if p.dra_devices
-        }
-        uids = {PodKey(p.namespace, p.name): p.uid for _, pods, _ in eligible.values() for p in pods}
+        devices: dict[PodKey, Any] = {}
+        for _, pods, _ in eligible.values():
+            for p in pods:
+                key = PodKey(p.namespace, p.name)
+                keys_.append(key)
+                uids[key] = p.uid
+                if p.dra_devices:
+                    devices[key] = p.dra_devices
         readings = await self.utilization.poll(keys_, now=now, devices=devices, uids=uids)
         failed = self.metrics.signal_failures
         # Processes only once the window is all zero; artifacts from the first zero sample on, so

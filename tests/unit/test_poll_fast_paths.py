@@ -1,0 +1,53 @@
+"""The steady poll's fast paths for one-pod workloads (benchmarks/bench_poll_offline.py) skip
+work only where it would have changed nothing: each test here takes the path the fast path
+passes over and checks that it is still taken."""
+
+from __future__ import annotations
+
+import dataclasses
+from datetime import timedelta
+from pathlib import Path
+
+from ghostgpu.controller.inventory import WorkloadRef
+from ghostgpu.controller.reconciler import Snapshot
+from tests.unit.test_controller_reconciler import FINISHED, NOW, NS, Harness, pod_for
+
+
+async def test_a_pod_replaced_by_a_young_one_is_in_grace_again(tmp_path: Path) -> None:
+    h = Harness(tmp_path)
+    h.add("job", table=FINISHED)
+    result = await h.polls(2)
+    st = h.rec.states[WorkloadRef("Deployment", NS, "job")]
+    assert st.past_grace and result.states["grace"] == 0 and len(st.ring) == 2
+    # One pod for another, just started: the same one-pod shape, a new uid.
+    h.pods[:] = [pod_for("job", started=NOW + timedelta(minutes=2))]
+    h.pods[0]["metadata"]["uid"] = "uid-new"
+    result = await h.polls(1)
+    assert result.states["grace"] == 1 and not result.judged
+    assert not st.past_grace and len(st.ring) == 0 and st.pod_uids == ("uid-new",)
+
+
+async def test_one_pod_whose_gpus_are_not_known_is_not_judged(tmp_path: Path) -> None:
+    h = Harness(tmp_path)
+    h.add("job", table=FINISHED)
+    await h.polls(2)
+    snap = h.snapshot()
+    unknown = Snapshot(
+        snap.namespaces, snap.workloads, [dataclasses.replace(p, gpus_unknown=True) for p in snap.pods], []
+    )
+    result = await h.rec.poll_once(unknown)
+    assert result.states["gpus-unknown"] == 1 and not result.judged
+
+
+async def test_a_stopped_workload_still_settles_while_its_pods_linger(tmp_path: Path) -> None:
+    h = Harness(tmp_path, mode="enforce")
+    h.add("done", table=FINISHED)
+    h.add("busy", util=80.0)
+    await h.polls(4)
+    assert [r.name for r, _ in h.cluster.scaled] == ["done"]
+    # The cache has not seen the scale-down: the stopped workload's pod is still there.
+    h.objects[WorkloadRef("Deployment", NS, "done")]["spec"]["replicas"] = 1
+    result = await h.polls(1)
+    assert result.states["reclaimed"] == 1
+    assert WorkloadRef("Deployment", NS, "done") not in result.judged
+    assert WorkloadRef("Deployment", NS, "busy") in result.judged
