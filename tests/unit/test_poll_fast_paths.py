@@ -8,6 +8,8 @@ import dataclasses
 from datetime import timedelta
 from pathlib import Path
 
+import pytest
+
 from ghostgpu.controller.inventory import WorkloadRef
 from ghostgpu.controller.reconciler import Snapshot
 from tests.unit.test_controller_reconciler import FINISHED, NOW, NS, Harness, pod_for
@@ -51,3 +53,27 @@ async def test_a_stopped_workload_still_settles_while_its_pods_linger(tmp_path: 
     assert result.states["reclaimed"] == 1
     assert WorkloadRef("Deployment", NS, "done") not in result.judged
     assert WorkloadRef("Deployment", NS, "busy") in result.judged
+
+
+async def test_the_ghost_gauge_and_reclaimable_hours_of_judged_pods_without_dra_flavors(
+    tmp_path: Path,
+) -> None:
+    h = Harness(tmp_path)
+    h.add("done", table=FINISHED)
+    h.add("busy", util=80.0)
+    nodes = [{"metadata": {"name": "gpu-0"}, "_flavor": "h100"}]
+    reclaimable_polls = 0
+    for _ in range(5):
+        snap = h.snapshot()
+        result = await h.rec.poll_once(Snapshot(snap.namespaces, snap.workloads, snap.pods, nodes))
+        h.clock += 60
+        reclaimable_polls += result.judged[WorkloadRef("Deployment", NS, "done")].kind == "FINISHED_IDLE"
+    assert reclaimable_polls == 3
+    gauge = h.metrics.registry.get_sample_value
+    assert gauge("ghostgpu_ghost_gpus", {"namespace": NS, "flavor": "h100", "verdict": "FINISHED_IDLE"}) == 2
+    assert gauge("ghostgpu_ghost_gpus", {"namespace": NS, "flavor": "h100", "verdict": "ACTIVE"}) == 2
+    hours = gauge("ghostgpu_gpu_hours_reclaimable_total", {"namespace": NS, "flavor": "h100"})
+    assert hours == pytest.approx(3 * 2 * 60 / 3600)
+    # A pod on a node of no known flavor is counted as such.
+    await h.rec.poll_once(h.snapshot())
+    assert gauge("ghostgpu_ghost_gpus", {"namespace": NS, "flavor": "unknown", "verdict": "ACTIVE"}) == 2

@@ -91,6 +91,15 @@ class Books:
         for ref, j in result.judged.items():
             reclaimable = j.kind in RECLAIMABLE_VALUES
             for pod in j.pods:
+                if not keyed:
+                    # No node of a DRA flavor (nearly every fleet): by_flavor's one pair, read in
+                    # place, without a function call and a list per pod per poll.
+                    flavor = flavors_by_node.get(pod.node_name or "", "unknown")
+                    gpus = sum(pod.gpu_requests.values())
+                    ghosts[(ref.namespace, flavor, j.kind)] += gpus
+                    if reclaimable:
+                        self.metrics.gpu_hours_reclaimable.labels(ref.namespace, flavor).inc(gpus * hours)
+                    continue
                 for flavor, gpus in by_flavor(pod):
                     ghosts[(ref.namespace, flavor, j.kind)] += gpus
                     if reclaimable:
