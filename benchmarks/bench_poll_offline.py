@@ -341,6 +341,47 @@ async def run(n: int, args: argparse.Namespace) -> dict[str, Any]:
     warmup = args.warmup if args.warmup is not None else args.window + 2
     times: list[float] = []
     profiler = cProfile.Profile() if args.profile else None
+    rooms: dict[str, float] = {}
+    steady = False
+    if args.rooms:
+
+        def timed(owner: Any, name: str, label: str) -> None:
+            fn = getattr(owner, name)
+
+            def add(t0: float) -> None:
+                if steady:
+                    rooms[label] = rooms.get(label, 0.0) + time.process_time() - t0
+
+            if asyncio.iscoroutinefunction(fn):
+
+                async def wrapped_async(*a: Any, **kw: Any) -> Any:
+                    t0 = time.process_time()
+                    try:
+                        return await fn(*a, **kw)
+                    finally:
+                        add(t0)
+
+                setattr(owner, name, wrapped_async)
+            else:
+
+                def wrapped(*a: Any, **kw: Any) -> Any:
+                    t0 = time.process_time()
+                    try:
+                        return fn(*a, **kw)
+                    finally:
+                        add(t0)
+
+                setattr(owner, name, wrapped)
+
+        # Nested: gather includes the utilization query and its parsing; keep the books' two parts.
+        timed(rec.observer, "eligible", "observe: eligible")
+        timed(rec.observer, "gather", "observe: gather (with the query)")
+        timed(rec.observer.utilization, "poll", "  of which the query and its answer")
+        timed(rec.judge, "judge", "judge")
+        timed(rec.actor.stops, "guard_reverts", "act: revert guard")
+        timed(rec.actor, "act", "act")
+        timed(rec.books.decision_log, "record_poll", "books: decision log")
+        timed(rec.books, "accrue", "books: gauges and GPU-hours")
     states: dict[str, int] = {}
     for k in range(warmup + args.polls):
         answers.render(clock[0])
@@ -378,6 +419,7 @@ async def run(n: int, args: argparse.Namespace) -> dict[str, Any]:
         "states": states,
         "writes": cluster.writes,
         "requests": answers.requests,
+        "rooms_s_per_poll": {k: round(v / len(times), 3) for k, v in rooms.items()},
     }
 
 
@@ -391,6 +433,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--idle-stride", type=int, default=50, help="every k-th pod idle (the bench: 2 %%)")
     p.add_argument("--profile", default=None, help="cProfile the steady polls into this file")
     p.add_argument("--profile-lines", type=int, default=40)
+    p.add_argument("--rooms", action="store_true", help="CPU per poll of each room's step too")
     p.add_argument("--json", action="store_true", help="print the results as JSON")
     args = p.parse_args(argv)
     results = [asyncio.run(run(n, args)) for n in args.pods]
@@ -403,6 +446,8 @@ def main(argv: list[str] | None = None) -> None:
             f"{r['pods']:>7} {r['best_s']:>8.3f} {r['median_s']:>9.3f} "
             f"{r['us_per_workload']:>12.1f}  {r['states']}"
         )
+        for room, t in r["rooms_s_per_poll"].items():
+            print(f"        {room:<40} {t:.3f} s")
 
 
 if __name__ == "__main__":
