@@ -7,11 +7,16 @@ from __future__ import annotations
 import dataclasses
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from ghostgpu.controller.inventory import WorkloadRef
+from ghostgpu.controller.poll import PollResult
 from ghostgpu.controller.reconciler import Snapshot
+from ghostgpu.signals.faults import NO_FAULTS
+from ghostgpu.signals.utilization import PodKey, PodReading
+from ghostgpu.verdict import FaultEvidence, XidEvent
 from tests.unit.test_controller_reconciler import FINISHED, NOW, NS, Harness, pod_for
 
 
@@ -77,3 +82,32 @@ async def test_the_ghost_gauge_and_reclaimable_hours_of_judged_pods_without_dra_
     # A pod on a node of no known flavor is counted as such.
     await h.rec.poll_once(h.snapshot())
     assert gauge("ghostgpu_ghost_gpus", {"namespace": NS, "flavor": "unknown", "verdict": "ACTIVE"}) == 2
+
+
+async def test_the_faults_of_one_pod_and_of_several_come_with_the_readings(tmp_path: Path) -> None:
+    """gather's one pass over the readings yields each workload's faults: an XID of its one pod, of
+    any of its pods, or none (the shared NO_FAULTS)."""
+    h = Harness(tmp_path)
+    for name in ("quiet", "xid-one", "xid-two"):
+        h.add(name, util=50.0)
+    second = pod_for("xid-two")
+    second["metadata"]["name"] += "2"
+    second["metadata"]["uid"] += "2"
+    h.pods.append(second)
+    xid = {"xid-one-abc12-xyz": XidEvent(code=79, gpu="0"), "xid-two-abc12-xyz2": XidEvent(code=48, gpu="1")}
+    scripted = h.util.poll
+
+    async def with_xids(pods: Any, **kw: Any) -> dict[PodKey, PodReading]:
+        out = await scripted(pods, **kw)
+        return {k: PodReading(r.utilization, (xid[k.name],)) if k.name in xid else r for k, r in out.items()}
+
+    h.util.poll = with_xids  # type: ignore[method-assign]
+    obs = await h.rec.observer.observe(h.snapshot(), h.clock, PollResult(started=h.clock))
+    faults = {ref.name: f for ref, f in obs.faults.items()}
+    assert faults["quiet"] is NO_FAULTS
+    assert isinstance(faults["xid-one"], FaultEvidence) and faults["xid-one"].xid_events == (
+        xid["xid-one-abc12-xyz"],
+    )
+    assert isinstance(faults["xid-two"], FaultEvidence)
+    assert faults["xid-two"].xid_events == (xid["xid-two-abc12-xyz2"],)
+    assert obs.memory == {}  # nothing listed: no memory read

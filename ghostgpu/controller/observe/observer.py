@@ -109,24 +109,13 @@ class Observer:
 
     async def observe(self, snap: Snapshot, now: float, result: PollResult) -> Observation:
         eligible = self.eligible(snap, now, result)
-        processes, readings = await self.gather(eligible, now)
-        obs = Observation(eligible, processes, {})
+        # The faults come from gather's own pass over the readings (one pass, not two).
+        processes, readings, faults = await self.gather(eligible, now)
+        obs = Observation(eligible, processes, faults)
         failed = self.metrics.signal_failures
-        for ref, (_wl, pods, _st) in eligible.items():
-            if len(pods) == 1:
-                # Looked up by a plain tuple: a PodKey's hash and equality, without a namedtuple
-                # per pod per poll.
-                xids: list[XidEvent] = readings[(pods[0].namespace, pods[0].name)].xids  # type: ignore[index, assignment]
-            else:
-                xids = [x for p in pods for x in readings[PodKey(p.namespace, p.name)].xids]
-            faults = obs.faults[ref] = (
-                NO_FAULTS  # one pod, no terminations, no XID: nearly every workload on every poll
-                if not xids and len(pods) == 1 and pods[0].faults == ()
-                else workload_faults([p.faults for p in pods], xids)
-            )
-            if isinstance(faults, SignalFailure):
-                failed.labels("faults", faults.reason.value).inc()
-            if processes[ref] is not None:
+        for ref, listing in processes.items():
+            if listing is not None:  # memory is read only where the processes were listed
+                pods = eligible[ref][1]
                 memory = obs.memory[ref] = workload_memory(
                     readings[PodKey(p.namespace, p.name)] for p in pods
                 )
@@ -252,7 +241,9 @@ class Observer:
 
     async def gather(
         self, eligible: Mapping[WorkloadRef, tuple[Workload, list[PodView], WorkloadState]], now: float
-    ) -> tuple[dict[WorkloadRef, Listing | None], dict[PodKey, PodReading]]:
+    ) -> tuple[
+        dict[WorkloadRef, Listing | None], dict[PodKey, PodReading], dict[WorkloadRef, FaultObservation]
+    ]:
         # The pods' keys, their UIDs and DRA devices in one pass, one PodKey per pod: three passes
         # built two PodKeys per pod per poll (a namedtuple's __new__ is a Python-level call).
         keys_: list[PodKey] = []
@@ -274,19 +265,31 @@ class Observer:
         proc_refs: list[WorkloadRef] = []
         art_refs: list[WorkloadRef] = []
         with_artifacts: list[tuple[WorkloadRef, WorkloadState]] = []
+        faults: dict[WorkloadRef, FaultObservation] = {}
         for r, (_wl, pods, st) in eligible.items():
             if len(pods) == 1:  # one pod: its reading is the workload's (workload_sample of one)
                 p = pods[0]
-                u = readings[(p.namespace, p.name)].utilization  # type: ignore[index]
+                # Looked up by a plain tuple: a PodKey's hash and equality, without a namedtuple
+                # per pod per poll.
+                reading = readings[(p.namespace, p.name)]  # type: ignore[index]
+                u = reading.utilization
                 if isinstance(u, SignalFailure):
                     failed.labels("utilization", u.reason.value).inc()
                 st.ring.push(u)
+                xids: tuple[XidEvent, ...] | list[XidEvent] = reading.xids
+                pod_faults = NO_FAULTS if not xids and p.faults == () else workload_faults([p.faults], xids)
             else:
                 pod_readings = [readings[PodKey(p.namespace, p.name)] for p in pods]
                 for reading in pod_readings:
                     if isinstance(reading.utilization, SignalFailure):
                         failed.labels("utilization", reading.utilization.reason.value).inc()
                 st.ring.push(workload_sample(pod_readings))
+                xids = [x for reading in pod_readings for x in reading.xids]
+                pod_faults = workload_faults([p.faults for p in pods], xids)
+            # One pod, no terminations, no XID: NO_FAULTS (nearly every workload on every poll).
+            faults[r] = pod_faults
+            if isinstance(pod_faults, SignalFailure):
+                failed.labels("faults", pod_faults.reason.value).inc()
             target = st.artifact_target  # None for nearly every workload: no isinstance then
             measured_here = target is not None and isinstance(target, FileTarget | S3Target)
             if measured_here:
@@ -320,7 +323,7 @@ class Observer:
             st.artifacts.push(m)
             if isinstance(m, SignalFailure):
                 failed.labels("artifacts", m.reason.value).inc()
-        return processes, readings
+        return processes, readings, faults
 
 
 def _probe_targets(pods: list[PodView]) -> list[PodRef]:
