@@ -5,19 +5,20 @@ passes over and checks that it is still taken."""
 from __future__ import annotations
 
 import dataclasses
+import json
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from ghostgpu.controller.inventory import WorkloadRef
+from ghostgpu.controller.inventory import WorkloadRef, pod_view, workload_from
 from ghostgpu.controller.poll import PollResult
 from ghostgpu.controller.reconciler import Snapshot
 from ghostgpu.signals.faults import NO_FAULTS
 from ghostgpu.signals.utilization import PodKey, PodReading
 from ghostgpu.verdict import FaultEvidence, XidEvent
-from tests.unit.test_controller_reconciler import FINISHED, NOW, NS, Harness, pod_for
+from tests.unit.test_controller_reconciler import FINISHED, IS_GPU, NOW, NS, Harness, pod_for
 
 
 async def test_a_pod_replaced_by_a_young_one_is_in_grace_again(tmp_path: Path) -> None:
@@ -111,3 +112,86 @@ async def test_the_faults_of_one_pod_and_of_several_come_with_the_readings(tmp_p
     assert isinstance(faults["xid-two"], FaultEvidence)
     assert faults["xid-two"].xid_events == (xid["xid-two-abc12-xyz2"],)
     assert obs.memory == {}  # nothing listed: no memory read
+
+
+class CachedHarness(Harness):
+    """Hands out the same Workload and PodView objects while the objects they come from are
+    unchanged, as the watch caches do: the steady poll's memos compare them by identity."""
+
+    def __init__(self, tmp: Path, **cfg: Any) -> None:
+        super().__init__(tmp, **cfg)
+        self.cache: dict[tuple[str, str, str], tuple[str, Any]] = {}
+
+    def _cached(self, key: tuple[str, str, str], obj: dict, make: Any) -> Any:
+        text = json.dumps(obj, sort_keys=True)
+        hit = self.cache.get(key)
+        if hit is None or hit[0] != text:
+            hit = self.cache[key] = (text, make(obj))
+        return hit[1]
+
+    def snapshot(self) -> Snapshot:
+        fresh = Harness.snapshot(self)  # which pods are live
+        workloads = {}
+        for obj in self.objects.values():
+            meta = obj["metadata"]
+            wl = self._cached(
+                ("wl", meta["namespace"], meta["name"]), obj, lambda o: workload_from("Deployment", o, IS_GPU)
+            )
+            workloads[wl.ref] = wl
+        live = {(p.namespace, p.name) for p in fresh.pods}
+        pods = [
+            self._cached(("pod", m["namespace"], m["name"]), p, lambda o: pod_view(o, IS_GPU))
+            for p in self.pods
+            if ((m := p["metadata"])["namespace"], m["name"]) in live
+        ]
+        return Snapshot(self.namespaces, workloads, pods, [])
+
+
+async def test_the_same_cached_objects_are_judged_without_the_eligibility_checks(tmp_path: Path) -> None:
+    h = CachedHarness(tmp_path)
+    h.add("done", table=FINISHED)
+    h.add("busy", util=80.0)
+    await h.polls(4)
+    assert h.verdict("done") == "FINISHED_IDLE"
+    ref = WorkloadRef("Deployment", NS, "busy")
+    st = h.rec.states[ref]
+    snap = h.snapshot()
+    assert st.eligible_workload is snap.workloads[ref] and st.eligible_pod in snap.pods
+    result = await h.rec.poll_once(snap)
+    assert result.judged[ref].verdict.kind.value == "ACTIVE" and len(st.ring) == 5
+
+
+async def test_an_exemption_on_the_cached_workload_is_seen_at_once(tmp_path: Path) -> None:
+    h = CachedHarness(tmp_path)
+    h.add("busy", util=80.0)
+    await h.polls(3)
+    h.objects[WorkloadRef("Deployment", NS, "busy")]["metadata"]["annotations"][
+        "ghostgpu.io/reclaim-policy"
+    ] = "never"
+    result = await h.polls(1)
+    assert result.states["exempt"] == 1 and not result.judged
+
+
+async def test_a_stop_with_the_same_cached_objects_settles(tmp_path: Path) -> None:
+    h = CachedHarness(tmp_path)
+    h.add("busy", util=80.0)  # nothing is written to it: its cached objects stay the same
+    await h.polls(3)
+    ref = WorkloadRef("Deployment", NS, "busy")
+    snap = h.snapshot()
+    assert h.rec.states[ref].eligible_workload is snap.workloads[ref]
+    h.rec.observer.stopped(ref, list(snap.pods), h.clock)  # the act room stopped it
+    result = await h.rec.poll_once(snap)  # the cache has not seen the scale-down: same objects
+    assert result.states["reclaimed"] == 1 and ref not in result.judged
+
+
+async def test_a_cached_pod_that_stops_running_or_is_replaced_is_checked_again(tmp_path: Path) -> None:
+    h = CachedHarness(tmp_path)
+    h.add("job", util=80.0)
+    await h.polls(3)
+    h.pods[0]["status"]["phase"] = "Succeeded"
+    result = await h.polls(1)
+    assert result.states["no-running-pod"] == 1 and not result.judged
+    h.pods[:] = [pod_for("job", started=NOW + timedelta(minutes=3))]
+    h.pods[0]["metadata"]["uid"] = "uid-new"
+    result = await h.polls(1)
+    assert result.states["grace"] == 1 and not result.judged

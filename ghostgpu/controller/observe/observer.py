@@ -152,6 +152,21 @@ class Observer:
         for ref, wl in sorted(workloads.items(), key=itemgetter(0)):
             st = self.states[ref]
             pods = pods_of[ref]
+            if st.eligible_workload is not None:
+                if (
+                    st.eligible_workload is wl
+                    and len(pods) == 1
+                    and st.eligible_pod is pods[0]
+                    and not (reclaimed and ref in reclaimed)
+                ):
+                    # The same workload and pod objects as last poll, which found them eligible
+                    # and past the grace (nearly every workload on every poll): each check below
+                    # reads only these objects and answers as it did (a stop since then is in
+                    # `reclaimed`); the artifact target too, read from the same annotations.
+                    out[ref] = (wl, pods, st)
+                    continue
+                # Anything else: every check, as for a new workload.
+                st.eligible_workload = st.eligible_pod = None
             # One running pod (nearly every workload at scale): its list as is, no copy.
             running = pods if len(pods) == 1 and pods[0].running else [p for p in pods if p.running]
             if wl.exempt:
@@ -190,6 +205,8 @@ class Observer:
                 continue
             st.artifact_target = _artifact_target(wl)
             out[ref] = (wl, running, st)
+            if running is pods and len(pods) == 1 and st.past_grace:
+                st.eligible_workload, st.eligible_pod = wl, pods[0]
         return out
 
     def _settling(self, ref: WorkloadRef, running: list[PodView], now: float) -> bool:
