@@ -18,7 +18,7 @@ from ghostgpu.controller.reconciler import Snapshot
 from ghostgpu.signals.faults import NO_FAULTS
 from ghostgpu.signals.utilization import PodKey, PodReading
 from ghostgpu.verdict import FaultEvidence, XidEvent
-from tests.unit.test_controller_reconciler import FINISHED, IS_GPU, NOW, NS, Harness, pod_for
+from tests.unit.test_controller_reconciler import FINISHED, IS_GPU, NOW, NS, Harness, deployment, pod_for
 
 
 async def test_a_pod_replaced_by_a_young_one_is_in_grace_again(tmp_path: Path) -> None:
@@ -195,3 +195,31 @@ async def test_a_cached_pod_that_stops_running_or_is_replaced_is_checked_again(t
     h.pods[0]["metadata"]["uid"] = "uid-new"
     result = await h.polls(1)
     assert result.states["grace"] == 1 and not result.judged
+
+
+def test_every_tracked_pod_gets_its_workloads_bucket_outside_kueue() -> None:
+    from types import SimpleNamespace
+
+    from ghostgpu.controller.books.books import outside_kueue_buckets
+
+    objs = {
+        "judged": deployment("judged"),
+        "exempt": deployment("exempt", ann={"ghostgpu.io/reclaim-policy": "never"}),
+        "recorded": deployment("recorded", ann={"ghostgpu.io/verdict": "FINISHED_IDLE"}),
+        "new": deployment("new"),
+        "no-pods": deployment("no-pods"),
+    }
+    workloads = {(wl := workload_from("Deployment", o, IS_GPU)).ref: wl for o in objs.values()}
+    refs = {ref.name: ref for ref in workloads}
+    second = pod_for("judged")
+    second["metadata"]["name"] += "2"
+    pods_of = {refs[n]: [pod_view(pod_for(n), IS_GPU)] for n in ("judged", "exempt", "recorded", "new")}
+    pods_of[refs["judged"]].append(pod_view(second, IS_GPU))
+    judged = {refs["judged"]: SimpleNamespace(kind="ACTIVE")}
+    assert outside_kueue_buckets(judged, workloads, pods_of) == {  # type: ignore[arg-type]
+        (NS, "judged-abc12-xyz"): "ACTIVE",
+        (NS, "judged-abc12-xyz2"): "ACTIVE",
+        (NS, "exempt-abc12-xyz"): "EXEMPT",
+        (NS, "recorded-abc12-xyz"): "FINISHED_IDLE",
+        (NS, "new-abc12-xyz"): "PENDING",
+    }
