@@ -21,10 +21,14 @@ state after the window fills.
 
 Measured: `time.process_time()` around `poll_once` for each steady poll (after `--warmup` polls,
 default window + 2), and around the app's whole cycle (`cycle`: `Informers.snapshot`, the poll,
-`accounting_from` with no ClusterQueues, the collection after the poll). Run it niced on a shared machine:
+`accounting_from` with no ClusterQueues, the collection after the poll). `--rooms` adds the CPU
+per poll of each room's step. Run it niced on a shared machine, from the work tree (so that
+`ghostgpu` is imported from it):
 
-    nice -n 19 python benchmarks/bench_poll_offline.py --pods 10000 50000 --polls 5
-    nice -n 19 python benchmarks/bench_poll_offline.py --pods 50000 --polls 3 --profile poll.prof
+    PYTHONPATH=. nice -n 19 python benchmarks/bench_poll_offline.py --pods 10000 50000 --polls 5
+    PYTHONPATH=. nice -n 19 python benchmarks/bench_poll_offline.py --pods 50000 --polls 3 --rooms
+    PYTHONPATH=. nice -n 19 python benchmarks/bench_poll_offline.py --pods 50000 --profile poll.prof
+    PYTHONPATH=. nice -n 19 python benchmarks/bench_poll_offline.py --pods 10000 --kind deployment
 """
 
 from __future__ import annotations
