@@ -223,3 +223,13 @@ def test_every_tracked_pod_gets_its_workloads_bucket_outside_kueue() -> None:
         (NS, "recorded-abc12-xyz"): "FINISHED_IDLE",
         (NS, "new-abc12-xyz"): "PENDING",
     }
+
+
+async def test_a_judged_workload_is_one_slotted_object(tmp_path: Path) -> None:
+    """One object per judged workload per poll, not an object and its __dict__: at 50,000 pods each
+    is one more object for the collector's young generation to traverse."""
+    h = Harness(tmp_path)
+    h.add("busy", util=80.0)
+    result = await h.polls(4)
+    (judged,) = result.judged.values()
+    assert not hasattr(judged, "__dict__") and judged.kind == "ACTIVE"
