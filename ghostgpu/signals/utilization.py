@@ -388,13 +388,16 @@ def _readings(
     agent: AgentAnswer | None = None,
     devices: Mapping[PodKey, Sequence[DraDevice]] | None = None,
     uids: Mapping[PodKey, str] | None = None,
+    wanted: frozenset[PodKey] | None = None,
 ) -> dict[PodKey, PodReading]:
     """(evaluation time, labels, value) series -> one reading per pod. The query selects whole
     namespaces: series of pods not asked for are dropped here, before anything of them is kept.
     The node agent's series are collected into `agent` (dropped when it is None). More series than
     max_series(pods) raise PrometheusError: every pod fails."""
     pods = list(pods)
-    wanted = set(pods)
+    # The set the caller has already built (UtilizationSource.poll: the agent's answer keeps it
+    # too), not a second one of 50,000 keys per poll.
+    wanted = frozenset(pods) if wanted is None else wanted
     limit = max_series(len(wanted))
     util: dict[tuple[str, str], float] = {}
     stamp: dict[tuple[str, str], float] = {}
@@ -455,14 +458,16 @@ def _readings(
     busy: dict[float, PodReading] = {}
     # Only a query that asked for the `dev` series can tell a device without one.
     expected = devices if spec.dra_devices and devices else {}
+    # XIDs, stale pods and untrusted series are rare: their maps are empty on most polls and
+    # are not looked up then (three lookups per pod per poll at 50,000 pods).
     for key in pods:
-        ev = xids.get(key)
+        ev = xids.get(key) if xids else None
         events = tuple(sorted(ev, key=_xid_order)) if ev else ()
         u = util.get(key)
-        t = stamp.get(key)
+        t = stamp.get(key) if stamp else None
         # The query sends `ts` only for a stale pod and `util` only for a fresh one; a `ts` is
         # checked all the same, so an answer carrying both can never pass a stale reading.
-        if key in untrusted:
+        if untrusted and key in untrusted:
             out[key] = PodReading(
                 SignalFailure(reason=FailureReason.UNTRUSTED, detail=untrusted[key]), events
             )
@@ -536,15 +541,16 @@ class UtilizationSource:
         """`devices`: each DRA pod's GPU devices, each of which must have its series; `uids`: each
         live pod's UID, which every series of it that names one must name."""
         pods = list(dict.fromkeys(pods))
+        wanted = frozenset(pods)  # one set of the pods for the answer's filter and the agent's
         answer = AgentAnswer(
             eval_time=now,
-            pods=frozenset(pods),
+            pods=wanted,
             uids=dict(uids or {}),
             max_clock_skew=self.spec.max_clock_skew,
         )
         if self.agent is not None:
             self.agent.answer = answer  # replaced every poll: last poll's series are never read again
-        return await self._poll(pods, now, answer if self.agent is not None else None, devices, uids)
+        return await self._poll(pods, now, answer if self.agent is not None else None, devices, uids, wanted)
 
     async def _poll(
         self,
@@ -553,6 +559,7 @@ class UtilizationSource:
         agent: AgentAnswer | None,
         devices: Mapping[PodKey, Sequence[DraDevice]] | None = None,
         uids: Mapping[PodKey, str] | None = None,
+        wanted: frozenset[PodKey] | None = None,
     ) -> dict[PodKey, PodReading]:
         if not pods:
             return {}
@@ -563,6 +570,7 @@ class UtilizationSource:
             invalid = PodReading(SignalFailure(reason=FailureReason.OTHER, detail="invalid namespace name"))
             out = {p: invalid for p in pods if p.namespace in bad}
             valid = [p for p in pods if p.namespace not in bad]
+            wanted = None  # the valid pods only: _readings builds their set
         else:
             out, valid = {}, pods
         if not valid:
@@ -574,7 +582,7 @@ class UtilizationSource:
                 max_bytes=BYTES_PER_SERIES * max_series(len(valid)),
             )
             # An empty result carries no evaluation time; we asked for `now`, so that is it.
-            readings = _readings(self.spec, valid, now, iter_answer(content), agent, devices, uids)
+            readings = _readings(self.spec, valid, now, iter_answer(content), agent, devices, uids, wanted)
         except PrometheusError as exc:
             if agent is not None:
                 agent.failure = exc.failure

@@ -27,6 +27,7 @@ from ghostgpu.signals.utilization import (
     UtilizationRing,
     UtilizationSource,
     build_query,
+    max_series,
     workload_memory,
     workload_sample,
 )
@@ -225,6 +226,22 @@ async def test_a_pod_in_an_invalid_namespace_fails_alone_and_busy_readings_are_s
     assert "Team_A" not in canned.queries[0]["query"][0]  # never written into the query
     # Two busy pods with the same reading share one frozen object; values stay per pod.
     assert out[A].utilization == out[B].utilization == 87.0 and out[A] is out[B]
+
+
+async def test_the_series_cap_counts_only_the_pods_of_valid_namespaces(prom: tuple[str, Canned]) -> None:
+    """The cap is max_series of the pods asked about: a pod of an invalid namespace is not asked
+    about, so it does not raise the cap (the set of pods the answer is filtered by is theirs)."""
+    url, canned = prom
+    xids = [series("xid", "team-a", "train-0", 79.0, gpu=str(g)) for g in range(max_series(1) - 1)]
+    canned.body = success(series("util", "team-a", "train-0", 87.0), *xids)
+    out = await poll(url, [A])
+    assert out[A].utilization == 87.0 and len(out[A].xids) == max_series(1) - 1  # at the cap: read
+    canned.body = success(
+        series("util", "team-a", "train-0", 87.0), series("xid", "team-a", "x", 79.0), *xids
+    )
+    for pods in ([A], [A, PodKey("Team_A", "x")]):
+        failed = (await poll(url, pods))[A].utilization
+        assert isinstance(failed, SignalFailure) and "more than" in failed.detail
 
 
 async def test_framebuffer_bytes_per_pod_and_workload_sum(prom: tuple[str, Canned]) -> None:

@@ -177,14 +177,19 @@ def account(
     # A node can back several flavors (a TAS and a plain flavor over the same GPUs): each flavor's
     # ledger counts it, as each ClusterQueue's books do.
     node_flavors: dict[str, list[FlavorSpec]] = {}
+    # Each node's flavors as (their key in a pod's gpu_requests, their account): read once per node,
+    # not a property and a lookup per pod.
+    node_accounts: dict[str, list[tuple[str, FlavorAccount]]] = {}
     for node in nodes:
         matching = node_flavors_of(node, flavors)
         name = (node.get("metadata") or {}).get("name", "")
         node_flavors[name] = matching
+        node_accounts[name] = [(f.key, accounts[f.name]) for f in matching]
         alloc = (node.get("status") or {}).get("allocatable") or {}
         for f in matching:
             if f.device_class is None:
                 accounts[f.name].allocatable += _qty(alloc[f.resource])
+    none: list[tuple[str, FlavorAccount]] = []
     for pod in pods:
         if pod.gpus_unknown and pod.node_name:
             for f in node_flavors.get(pod.node_name, []):
@@ -192,11 +197,10 @@ def account(
                     accounts[f.name].gpus_unknown_pods += 1
         if not pod.holds_gpus:
             continue
-        for f in node_flavors.get(pod.node_name or "", []):
-            count = pod.gpu_requests.get(f.key, 0.0)
+        for key, acc in node_accounts.get(pod.node_name or "", none):
+            count = pod.gpu_requests.get(key, 0.0)
             if not count:
                 continue
-            acc = accounts[f.name]
             acc.in_use += count
             bucket = outside_kueue.get((pod.namespace, pod.name))
             if bucket is not None:

@@ -91,6 +91,15 @@ class Books:
         for ref, j in result.judged.items():
             reclaimable = j.kind in RECLAIMABLE_VALUES
             for pod in j.pods:
+                if not keyed:
+                    # No node of a DRA flavor (nearly every fleet): by_flavor's one pair, read in
+                    # place, without a function call and a list per pod per poll.
+                    flavor = flavors_by_node.get(pod.node_name or "", "unknown")
+                    gpus = sum(pod.gpu_requests.values())
+                    ghosts[(ref.namespace, flavor, j.kind)] += gpus
+                    if reclaimable:
+                        self.metrics.gpu_hours_reclaimable.labels(ref.namespace, flavor).inc(gpus * hours)
+                    continue
                 for flavor, gpus in by_flavor(pod):
                     ghosts[(ref.namespace, flavor, j.kind)] += gpus
                     if reclaimable:
@@ -172,15 +181,20 @@ def outside_kueue_buckets(
 ) -> dict[tuple[str, str], str]:
     """(namespace, pod) -> verdict bucket for every pod of a tracked workload."""
     out: dict[tuple[str, str], str] = {}
+    # One lookup in each map per workload, and no new empty list as the default of each: this runs
+    # over every tracked workload after every poll.
+    no_pods: list[PodView] = []
     for ref, wl in workloads.items():
-        if ref in judged:
-            bucket = judged[ref].kind
+        pods = pods_of.get(ref, no_pods)
+        j = judged.get(ref)
+        if j is not None:
+            bucket = j.kind
         elif wl.exempt:
             bucket = "EXEMPT"
         else:
-            kind = verdict_of(recorded(wl, pods_of.get(ref, [])))
+            kind = verdict_of(recorded(wl, pods))
             bucket = kind.value if kind else "PENDING"
-        for pod in pods_of.get(ref, []):
+        for pod in pods:
             out[(pod.namespace, pod.name)] = bucket
     return out
 

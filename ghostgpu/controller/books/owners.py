@@ -44,11 +44,19 @@ def by_owner_kind(
     holders: dict[tuple[str, str, bool], set[WorkloadRef]] = {}
 
     def add(ref: WorkloadRef, acts: bool, pods: Sequence[PodView]) -> None:
-        n = sum(sum(p.gpu_requests.values()) for p in pods if p.holds_gpus)
+        if len(pods) == 1:  # one pod (nearly every workload): no generator
+            p = pods[0]
+            n = sum(p.gpu_requests.values()) if p.holds_gpus else 0
+        else:
+            n = sum(sum(p.gpu_requests.values()) for p in pods if p.holds_gpus)
         if n:
             key = (ref.kind, ref.group, acts)
             gpus[key] = gpus.get(key, 0.0) + n
-            holders.setdefault(key, set()).add(ref)
+            # Not setdefault(key, set()): that builds an empty set for every workload, every poll.
+            held = holders.get(key)
+            if held is None:
+                held = holders[key] = set()
+            held.add(ref)
 
     for ref, pods in pods_of.items():
         wl = snap.workloads.get(ref)

@@ -37,11 +37,13 @@ def candidates(
     teams: Mapping[str, str | None],
     before: Collection[WorkloadRef] | None,
     namespaces: Mapping[str, Mapping[str, str]] | None = None,
+    held: int | None = None,
 ) -> list[Candidate]:
     """`before`: last poll's candidates (a warning is only ever written to one), so only they are
     looked at for a recorded warning; None (the first poll) looks at every workload, which finds the
     warnings a restarted controller left. `namespaces`: name -> its labels and idle-after
-    annotation (inventory.namespace_view), which moves `after` within the file's bounds."""
+    annotation (inventory.namespace_view), which moves `after` within the file's bounds. `held`:
+    how many of `judged` are IDLE_HELD, when the caller counted them (None: not known)."""
     idle = cfg.idle_sessions
     namespaces = namespaces or {}
     modes = {idle.mode} | {t.mode for t in idle.teams.values() if t.mode is not None}
@@ -49,6 +51,10 @@ def candidates(
         # The policy applies nowhere: no workload is looked at (the fleet's common case). Switched
         # off while this process ran, last poll's candidates are looked at once more, to withdraw
         # their warnings.
+        return []
+    if held == 0 and before is not None and not before:
+        # No IDLE_HELD verdict and no candidate last poll (a busy fleet's every poll): the loop
+        # below would pass over every judged workload and find none.
         return []
     out: list[Candidate] = []
     for j in judged.values():

@@ -24,7 +24,7 @@ from ghostgpu.controller.judge.recorded import reasons_changed, recorded, verdic
 from ghostgpu.controller.observe.evidence import WorkloadState, assemble, policy_from_config
 from ghostgpu.controller.observe.observer import Observation
 from ghostgpu.controller.poll import Judged, PollResult, Snapshot
-from ghostgpu.verdict import Evidence, Verdict, decide, window_verdict_from_runs
+from ghostgpu.verdict import Evidence, Verdict, VerdictKind, decide, window_verdict_from_runs
 
 # Plans that do nothing beyond recording the verdict (see planner.ActionKind).
 NO_ACTION = frozenset({"none", "would-reclaim", "disabled", "shared-claim"})
@@ -150,6 +150,10 @@ class Judge:
             (out.records if p.action in NO_ACTION else out.actions).append(
                 (wl, pods, st, verdict, evidence, p)
             )
-        out.idle = idle_sessions.candidates(self.cfg, result.judged, teams, self.idle_before, snap.namespaces)
+        # result.states counts the judged workloads' kinds (and, under other names, those not judged).
+        held = result.states[VerdictKind.IDLE_HELD.value]
+        out.idle = idle_sessions.candidates(
+            self.cfg, result.judged, teams, self.idle_before, snap.namespaces, held=held
+        )
         self.idle_before = {c.workload.ref for c in out.idle}
         return out

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from ghostgpu.config import ControllerConfig
+from ghostgpu.controller.inventory import PodView, Workload
 from ghostgpu.signals.artifacts import ArtifactHistory, ArtifactTarget
 from ghostgpu.signals.utilization import UtilizationRing
 from ghostgpu.verdict import (
@@ -67,6 +68,12 @@ class WorkloadState:
     # its pods and their claims are gone, and the books count the GPU-hours the stop holds free
     # from this. Memory only: a controller started after the reclaim does not know it.
     dra_gpus_per_pod: float = 0.0
+    # The one-pod workload's cached objects when it was last found eligible, past its grace
+    # (Observer.eligible): while the watch cache hands out these same objects, every check of
+    # eligibility answers as it did then, so they are not made again.
+    # Two fields, not a tuple: 16 bytes per workload, not 64.
+    eligible_workload: Workload | None = None
+    eligible_pod: PodView | None = None
 
     @classmethod
     def new(cls, uid: str, cfg: ControllerConfig) -> WorkloadState:

@@ -21,6 +21,7 @@ import asyncio
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from operator import itemgetter
+from typing import Any
 
 from ghostgpu.actuators import RECLAIMED_FROM_RECORD
 from ghostgpu.config import ControllerConfig
@@ -108,24 +109,13 @@ class Observer:
 
     async def observe(self, snap: Snapshot, now: float, result: PollResult) -> Observation:
         eligible = self.eligible(snap, now, result)
-        processes, readings = await self.gather(eligible, now)
-        obs = Observation(eligible, processes, {})
+        # The faults come from gather's own pass over the readings (one pass, not two).
+        processes, readings, faults = await self.gather(eligible, now)
+        obs = Observation(eligible, processes, faults)
         failed = self.metrics.signal_failures
-        for ref, (_wl, pods, _st) in eligible.items():
-            if len(pods) == 1:
-                # Looked up by a plain tuple: a PodKey's hash and equality, without a namedtuple
-                # per pod per poll.
-                xids: list[XidEvent] = readings[(pods[0].namespace, pods[0].name)].xids  # type: ignore[index, assignment]
-            else:
-                xids = [x for p in pods for x in readings[PodKey(p.namespace, p.name)].xids]
-            faults = obs.faults[ref] = (
-                NO_FAULTS  # one pod, no terminations, no XID: nearly every workload on every poll
-                if not xids and len(pods) == 1 and pods[0].faults == ()
-                else workload_faults([p.faults for p in pods], xids)
-            )
-            if isinstance(faults, SignalFailure):
-                failed.labels("faults", faults.reason.value).inc()
-            if processes[ref] is not None:
+        for ref, listing in processes.items():
+            if listing is not None:  # memory is read only where the processes were listed
+                pods = eligible[ref][1]
                 memory = obs.memory[ref] = workload_memory(
                     readings[PodKey(p.namespace, p.name)] for p in pods
                 )
@@ -157,10 +147,26 @@ class Observer:
         pods_of = result.pods_of = pods_by_workload(workloads, snap.pods, snap.top_of)
         out: Eligible = {}
         grace = self.cfg.startup_grace.seconds
+        reclaimed = self.reclaimed_pods
         # Sorted by (kind, namespace, name): WorkloadRef is a tuple, compared in C.
         for ref, wl in sorted(workloads.items(), key=itemgetter(0)):
             st = self.states[ref]
             pods = pods_of[ref]
+            if st.eligible_workload is not None:
+                if (
+                    st.eligible_workload is wl
+                    and len(pods) == 1
+                    and st.eligible_pod is pods[0]
+                    and not (reclaimed and ref in reclaimed)
+                ):
+                    # The same workload and pod objects as last poll, which found them eligible
+                    # and past the grace (nearly every workload on every poll): each check below
+                    # reads only these objects and answers as it did (a stop since then is in
+                    # `reclaimed`); the artifact target too, read from the same annotations.
+                    out[ref] = (wl, pods, st)
+                    continue
+                # Anything else: every check, as for a new workload.
+                st.eligible_workload = st.eligible_pod = None
             # One running pod (nearly every workload at scale): its list as is, no copy.
             running = pods if len(pods) == 1 and pods[0].running else [p for p in pods if p.running]
             if wl.exempt:
@@ -174,7 +180,8 @@ class Observer:
                 result.states["reclaimed" if stopped else "no-running-pod"] += 1
                 st.reset_window()
                 continue
-            if any(p.gpus_unknown for p in running):
+            # One pod (nearly every workload): its flag read as is, no generator per workload.
+            if running[0].gpus_unknown if len(running) == 1 else any(p.gpus_unknown for p in running):
                 # A ResourceClaim of its pods is not in the cache yet (claims.py): not judged
                 # this poll (no sample, no verdict), never judged on GPUs it may hold.
                 result.states["gpus-unknown"] += 1
@@ -182,16 +189,24 @@ class Observer:
             dra = running[0].dra_gpus if len(running) == 1 else max(p.dra_gpus for p in running)
             if dra != st.dra_gpus_per_pod:
                 st.dra_gpus_per_pod = dra
-            if self._settling(ref, running, now):
+            # Only workloads this process stopped are settling: none on nearly every poll.
+            if reclaimed and self._settling(ref, running, now):
                 result.states["reclaimed"] += 1  # the cache has not seen the scale-down yet
                 st.reset_window()
                 continue
-            if self._in_grace(wl, running, st, now, grace):
+            # The same one pod as last poll, already past the grace (nearly every workload on
+            # every poll): _in_grace would answer False without changing anything; not called.
+            known = st.pod_uids
+            if not (
+                st.past_grace and len(running) == 1 and len(known) == 1 and known[0] == running[0].uid
+            ) and self._in_grace(wl, running, st, now, grace):
                 result.states["grace"] += 1
                 st.reset_window()
                 continue
             st.artifact_target = _artifact_target(wl)
             out[ref] = (wl, running, st)
+            if running is pods and len(pods) == 1 and st.past_grace:
+                st.eligible_workload, st.eligible_pod = wl, pods[0]
         return out
 
     def _settling(self, ref: WorkloadRef, running: list[PodView], now: float) -> bool:
@@ -243,16 +258,22 @@ class Observer:
 
     async def gather(
         self, eligible: Mapping[WorkloadRef, tuple[Workload, list[PodView], WorkloadState]], now: float
-    ) -> tuple[dict[WorkloadRef, Listing | None], dict[PodKey, PodReading]]:
-        keys_ = [PodKey(p.namespace, p.name) for _, pods, _ in eligible.values() for p in pods]
+    ) -> tuple[
+        dict[WorkloadRef, Listing | None], dict[PodKey, PodReading], dict[WorkloadRef, FaultObservation]
+    ]:
+        # The pods' keys, their UIDs and DRA devices in one pass, one PodKey per pod: three passes
+        # built two PodKeys per pod per poll (a namedtuple's __new__ is a Python-level call).
+        keys_: list[PodKey] = []
+        uids: dict[PodKey, str] = {}
         # DRA pods' GPU devices (claims.py): each must have its own series.
-        devices = {
-            PodKey(p.namespace, p.name): p.dra_devices
-            for _, pods, _ in eligible.values()
-            for p in pods
-            if p.dra_devices
-        }
-        uids = {PodKey(p.namespace, p.name): p.uid for _, pods, _ in eligible.values() for p in pods}
+        devices: dict[PodKey, Any] = {}
+        for _, pods, _ in eligible.values():
+            for p in pods:
+                key = PodKey(p.namespace, p.name)
+                keys_.append(key)
+                uids[key] = p.uid
+                if p.dra_devices:
+                    devices[key] = p.dra_devices
         readings = await self.utilization.poll(keys_, now=now, devices=devices, uids=uids)
         failed = self.metrics.signal_failures
         # Processes only once the window is all zero; artifacts from the first zero sample on, so
@@ -261,19 +282,31 @@ class Observer:
         proc_refs: list[WorkloadRef] = []
         art_refs: list[WorkloadRef] = []
         with_artifacts: list[tuple[WorkloadRef, WorkloadState]] = []
+        faults: dict[WorkloadRef, FaultObservation] = {}
         for r, (_wl, pods, st) in eligible.items():
             if len(pods) == 1:  # one pod: its reading is the workload's (workload_sample of one)
                 p = pods[0]
-                u = readings[(p.namespace, p.name)].utilization  # type: ignore[index]
+                # Looked up by a plain tuple: a PodKey's hash and equality, without a namedtuple
+                # per pod per poll.
+                reading = readings[(p.namespace, p.name)]  # type: ignore[index]
+                u = reading.utilization
                 if isinstance(u, SignalFailure):
                     failed.labels("utilization", u.reason.value).inc()
                 st.ring.push(u)
+                xids: tuple[XidEvent, ...] | list[XidEvent] = reading.xids
+                pod_faults = NO_FAULTS if not xids and p.faults == () else workload_faults([p.faults], xids)
             else:
                 pod_readings = [readings[PodKey(p.namespace, p.name)] for p in pods]
                 for reading in pod_readings:
                     if isinstance(reading.utilization, SignalFailure):
                         failed.labels("utilization", reading.utilization.reason.value).inc()
                 st.ring.push(workload_sample(pod_readings))
+                xids = [x for reading in pod_readings for x in reading.xids]
+                pod_faults = workload_faults([p.faults for p in pods], xids)
+            # One pod, no terminations, no XID: NO_FAULTS (nearly every workload on every poll).
+            faults[r] = pod_faults
+            if isinstance(pod_faults, SignalFailure):
+                failed.labels("faults", pod_faults.reason.value).inc()
             target = st.artifact_target  # None for nearly every workload: no isinstance then
             measured_here = target is not None and isinstance(target, FileTarget | S3Target)
             if measured_here:
@@ -307,7 +340,7 @@ class Observer:
             st.artifacts.push(m)
             if isinstance(m, SignalFailure):
                 failed.labels("artifacts", m.reason.value).inc()
-        return processes, readings
+        return processes, readings, faults
 
 
 def _probe_targets(pods: list[PodView]) -> list[PodRef]:
