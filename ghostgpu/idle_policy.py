@@ -177,6 +177,13 @@ class IdleSessionsConfig(_Model):
         "not counted as work; a monitor that uses more keeps the session (a computation named `top` "
         "is not discounted).",
     )
+    frontend_cpu_allowance: NonNegFloat = Field(
+        0.05,
+        description="Cores of a notebook's front-end server's own CPU (Jupyter's server, JupyterHub's "
+        "single-user server, code-server, RStudio Server; not its kernels) not counted as work: it "
+        "answers an open tab's polls. A front-end that uses more keeps the session; a kernel's CPU "
+        "is never discounted.",
+    )
     memory_growth: Quantity = Field(
         Quantity("64Mi"),
         description="GPU memory moving by more than this over the window (up or down) is activity.",
@@ -228,6 +235,7 @@ class IdleSessionsConfig(_Model):
             classes=o.classes or self.classes,
             cpu_below=self.cpu_below,
             monitor_cpu_allowance=self.monitor_cpu_allowance,
+            frontend_cpu_allowance=self.frontend_cpu_allowance,
             memory_growth_bytes=int(self.memory_growth.value),
             coverage=self.coverage,
             after_min_s=self.after_bounds.min.seconds,
@@ -247,6 +255,7 @@ class ResolvedIdlePolicy(BaseModel):
     classes: SessionClasses
     cpu_below: float
     monitor_cpu_allowance: float
+    frontend_cpu_allowance: float = 0.0
     memory_growth_bytes: int
     coverage: float
     after_min_s: float

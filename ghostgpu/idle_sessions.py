@@ -7,9 +7,10 @@ idle session nor shortens its clock). Every rung must hold:
 1. GPU: utilization at or under the zero threshold for the whole window, with the window's samples
    present (a gap may hide activity), and GPU memory not moving by more than `memoryGrowth`;
 2. CPU: the workload's containers used under `cpuBelow` cores over the window (cAdvisor's
-   container_cpu_usage_seconds_total), less a monitor's own CPU up to `monitorCpuAllowance`;
+   container_cpu_usage_seconds_total), less a monitor's own CPU up to `monitorCpuAllowance` and a
+   notebook front-end server's own (never a kernel's) up to `frontendCpuAllowance`;
 3. processes: none started in the window and none running (R, D) at the newest scan, monitors
-   aside;
+   aside, and a notebook's front-end server aside for the running ones;
 4. terminal: no wakeup of a process on a terminal in the window (a keystroke, a command).
 
 Any rung that saw activity makes the session ACTIVE (a warning is cancelled). Otherwise any rung
@@ -122,6 +123,8 @@ class WindowEvidence(_Frozen):
     cpu_samples: int | SignalFailure
     # CPU seconds of monitor processes with their reaped children (the agent); None: no monitor.
     monitor_cpu_seconds: float | None = None
+    # CPU seconds of a notebook's front-end server alone (the agent); None: no front-end runs.
+    frontend_cpu_seconds: float | None = None
     # At the newest agent scan: the youngest process's age (monitors and their children aside) and
     # how many processes run or wait on I/O (R, D).
     youngest_process_age_s: Reading
@@ -187,14 +190,15 @@ def climb(ev: WindowEvidence, policy: ResolvedIdlePolicy, *, now: float, zero_th
         add(Rung.MEMORY, "active", f"GPU memory moved by {int(hi - lo)} bytes")
     else:
         add(Rung.MEMORY, "idle", f"GPU memory flat at {int(hi)} bytes")
-    # 2. CPU, less a monitor's own up to its allowance.
+    # 2. CPU, less a monitor's own and a notebook front-end's own, each up to its allowance.
     if isinstance(ev.cpu_seconds, SignalFailure) or isinstance(ev.cpu_samples, SignalFailure):
         add(Rung.CPU, "unknown", "container CPU history unreadable")
     elif ev.cpu_samples < need:
         add(Rung.CPU, "unknown", f"{ev.cpu_samples} of {ev.expected_samples} CPU samples")
     else:
-        allowance = policy.monitor_cpu_allowance * ev.window_s
-        discounted = min(max(ev.monitor_cpu_seconds or 0.0, 0.0), allowance)
+        w = ev.window_s
+        discounted = min(max(ev.monitor_cpu_seconds or 0.0, 0.0), policy.monitor_cpu_allowance * w)
+        discounted += min(max(ev.frontend_cpu_seconds or 0.0, 0.0), policy.frontend_cpu_allowance * w)
         cores = (ev.cpu_seconds - discounted) / ev.window_s
         if not cores < policy.cpu_below:
             add(Rung.CPU, "active", f"{cores:.4f} cores over the window (>= {policy.cpu_below:g})")

@@ -7,8 +7,9 @@ init wrappers aside, are all programs of a known class (a notebook, a terminal, 
 monitor: `idle_sessions.class_of`). A training job, whose program no list knows, gets none; the
 controller then cannot tell its class and does nothing with it, which is the safe direction.
 
-Per such container, three series, four with a monitor (each is a series Prometheus keeps for every
-such container, so the class rides as a label instead of a series of its own):
+Per such container, three series, one more with a monitor, one more with a notebook front-end
+(each is a series Prometheus keeps for every such container, so the class rides as a label instead
+of a series of its own):
 - the unix time the youngest process started, monitors and what they started aside (a command
   typed, a new kernel), labelled with the container's class:
   `ghostgpu_agent_container_newest_start_seconds{class}`;
@@ -22,7 +23,10 @@ such container, so the class rides as a label instead of a series of its own):
 - only where a monitor runs, the CPU seconds of monitors, with the children they started and
   reaped (`watch nvidia-smi`): `..._monitor_cpu_seconds`, which the controller subtracts, up to an
   allowance, from the container's CPU. Without the series nothing is subtracted: one lost on its
-  way reads as more CPU, the safe direction.
+  way reads as more CPU, the safe direction;
+- only where a notebook's front-end server runs, its own CPU seconds (not its children's: a kernel
+  it reaped computed, and that is work): `..._frontend_cpu_seconds`, subtracted the same way up to
+  an allowance of its own, for the polls of an open tab it answers.
 """
 
 from __future__ import annotations
@@ -56,6 +60,7 @@ class IdleFacts:
     running: int
     tty_wakeups: int
     monitor_cpu_s: float | None  # None: no monitor runs
+    frontend_cpu_s: float | None = None  # None: no notebook front-end server runs
 
 
 def _is_monitor(args: str) -> bool:
@@ -105,15 +110,17 @@ def idle_facts(group: Sequence[HostProcess]) -> IdleFacts | None:
     cls = class_of(keepers)
     if cls is None or cls is SessionClass.OTHER:
         return None
-    working = live
+    working, frontends = live, []
     if cls is SessionClass.NOTEBOOK:
-        working = [p for p in live if session_program(p.args) not in NOTEBOOK_FRONTENDS]
+        frontends = [p for p in live if session_program(p.args) in NOTEBOOK_FRONTENDS]
+        working = [p for p in live if p not in frontends]
     return IdleFacts(
         session_class=cls,
         newest_start_age_s=min((p.elapsed_s for p in live), default=10**9),
         running=sum(p.stat[:1] in ("R", "D") for p in working),
         tty_wakeups=sum(p.wakeups for p in live if p.tty and program_of(p.args)[0] not in _MULTIPLEXERS),
         monitor_cpu_s=round(sum(p.cpu_ticks for p in monitors) / _CLK_TCK, 2) if monitors else None,
+        frontend_cpu_s=round(sum(p.own_cpu_ticks for p in frontends) / _CLK_TCK, 2) if frontends else None,
     )
 
 
@@ -147,6 +154,12 @@ class IdleFactsCollector(Collector):
             "where a monitor runs.",
             labels=list(LABELS),
         )
+        frontend_cpu = GaugeMetricFamily(
+            "ghostgpu_agent_container_frontend_cpu_seconds",
+            "CPU seconds of a notebook's front-end server (Jupyter's server, code-server, RStudio "
+            "Server), its own, not its children's; only where one runs.",
+            labels=list(LABELS),
+        )
         r = self._last()
         if r is not None:
             for key in sorted(r.containers):
@@ -160,4 +173,6 @@ class IdleFactsCollector(Collector):
                 tty.add_metric(labels, facts.tty_wakeups)
                 if facts.monitor_cpu_s is not None:
                     monitor_cpu.add_metric(labels, facts.monitor_cpu_s)
-        yield from (newest, running, tty, monitor_cpu)
+                if facts.frontend_cpu_s is not None:
+                    frontend_cpu.add_metric(labels, facts.frontend_cpu_s)
+        yield from (newest, running, tty, monitor_cpu, frontend_cpu)

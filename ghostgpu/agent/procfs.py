@@ -88,6 +88,7 @@ class HostProcess:
     # For the idle-session facts (ghostgpu/agent/idle_facts.py), from the same two files (0444):
     tty: bool = False  # it has a controlling terminal (stat tty_nr)
     cpu_ticks: int = 0  # user + system CPU, with its reaped children's (stat utime..cstime)
+    own_cpu_ticks: int = 0  # user + system CPU of the process alone (stat utime, stime)
     wakeups: int = 0  # voluntary + nonvoluntary context switches (status)
 
     def pid_at(self, depth: int) -> int:
@@ -199,6 +200,7 @@ def read_process(dir_fd: int, pid: int, container: ContainerRef, uptime: float) 
         args=_args(cmdline, comm, fields[0]),
         tty=int(fields[4]) != 0,
         cpu_ticks=sum(int(x) for x in fields[11:15]),
+        own_cpu_ticks=int(fields[11]) + int(fields[12]),
         wakeups=wakeups,
     )
 

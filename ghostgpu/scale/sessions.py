@@ -109,7 +109,7 @@ def session_facts() -> IdleFacts:
     return facts
 
 
-FACTS = ("newest_start_seconds", "running", "tty_wakeups", "monitor_cpu_seconds")
+FACTS = ("newest_start_seconds", "running", "tty_wakeups", "monitor_cpu_seconds", "frontend_cpu_seconds")
 
 
 def facts_lines(labels: str, facts: IdleFacts, scanned_at: float) -> dict[str, str]:
@@ -124,6 +124,8 @@ def facts_lines(labels: str, facts: IdleFacts, scanned_at: float) -> dict[str, s
     }
     if facts.monitor_cpu_s is not None:
         lines["monitor_cpu_seconds"] = f"{AGENT}monitor_cpu_seconds{{{labels}}} {facts.monitor_cpu_s}"
+    if facts.frontend_cpu_s is not None:
+        lines["frontend_cpu_seconds"] = f"{AGENT}frontend_cpu_seconds{{{labels}}} {facts.frontend_cpu_s}"
     return lines
 
 

@@ -31,7 +31,7 @@ _T = TypeVar("_T", int, float)
 
 FIELDS = (
     "util_max", "util_count", "fb_min", "fb_max", "cpu", "cpu_count", "last_busy",
-    "newest_start", "agent_count", "running", "tty_changes", "monitor_cpu",
+    "newest_start", "agent_count", "running", "tty_changes", "monitor_cpu", "frontend_cpu",
 )  # fmt: skip
 CPU_METRIC = "container_cpu_usage_seconds_total"
 AGENT = "ghostgpu_agent_container_"
@@ -93,6 +93,7 @@ def history_query(
         "running": f"max by ({tb}) (max_over_time({AGENT}running{{{agent}}}[{w}]))",
         "tty_changes": f"sum by ({tb}) (changes({AGENT}tty_wakeups{{{agent}}}[{w}]))",
         "monitor_cpu": f"sum by ({tb}) (increase({AGENT}monitor_cpu_seconds{{{agent}}}[{w}]))",
+        "frontend_cpu": f"sum by ({tb}) (increase({AGENT}frontend_cpu_seconds{{{agent}}}[{w}]))",
     }.items():
         parts[name] = _relabel(expr, ns_label, pod_label, "tracked_namespace", "tracked_pod")
     classes = _relabel(
@@ -146,7 +147,8 @@ def parse_history(
         old = h.values.get(name)
         if old is None:
             h.values[name] = value
-        elif name in ("util_count", "cpu_count", "fb_min", "agent_count"):
+        elif name in ("util_count", "cpu_count", "fb_min", "agent_count", "monitor_cpu", "frontend_cpu"):
+            # The fewer samples, the lower memory floor, the smaller discount: each less idle.
             h.values[name] = min(old, value)
         else:
             h.values[name] = max(old, value)
@@ -171,6 +173,7 @@ class WorkloadHistory:
     running: int | SignalFailure
     tty_changes: float | SignalFailure
     monitor_cpu: float | None
+    frontend_cpu: float | None  # a notebook front-end server's own CPU seconds (None: none runs)
     # The most doubtful class any pod's containers have (idle_sessions.class_of's order); None
     # when a pod reports none (a program no list knows, or no agent series).
     session_class: SessionClass | None
@@ -200,6 +203,7 @@ class WorkloadHistory:
             cpu_seconds=self.cpu_seconds,
             cpu_samples=self.cpu_samples,
             monitor_cpu_seconds=self.monitor_cpu,
+            frontend_cpu_seconds=self.frontend_cpu,
             youngest_process_age_s=age,
             running_processes=scanned(self.running),
             terminal_wakeups=scanned(self.tty_changes),
@@ -230,6 +234,7 @@ def workload_history(
 
     busy = [h.values["last_busy"] for h in per if "last_busy" in h.values]
     monitors = [h.values["monitor_cpu"] for h in per if "monitor_cpu" in h.values]
+    frontends = [h.values["frontend_cpu"] for h in per if "frontend_cpu" in h.values]
     classes: list[SessionClass] = []
     for h in per:
         mine = [SessionClass(n[len(CLASS_PREFIX) :]) for n in h.values if _known_class(n)]
@@ -251,6 +256,7 @@ def workload_history(
         running=running if isinstance(running, SignalFailure) else int(running),
         tty_changes=fold("tty_changes", "sum"),
         monitor_cpu=sum(monitors) if monitors else None,
+        frontend_cpu=sum(frontends) if frontends else None,
         session_class=_doubtful(classes),
     )
 

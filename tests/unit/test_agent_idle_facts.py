@@ -68,6 +68,35 @@ def test_a_notebook_server_answering_a_tab_is_no_worker_but_its_kernel_and_termi
     # Outside a notebook a server's running process counts: a model server answering is its work.
     served = idle_facts([proc(1, "tini -- uvicorn app:api", ppid=0), proc(2, "uvicorn app:api", stat="R")])
     assert served is not None and served.session_class is SessionClass.SERVER and served.running == 1
+    assert served.frontend_cpu_s is None
+
+
+def test_a_notebook_front_end_s_own_cpu_is_read_apart_never_its_children_s() -> None:
+    facts = idle_facts(
+        [
+            proc(1, "tini -- start-notebook.sh", ppid=0, cpu_ticks=HZ, own_cpu_ticks=HZ),
+            # 2 s of its own, 600 s with the kernels it reaped (which computed: work, not its own)
+            proc(7, "jupyter-lab --ip=0.0.0.0", cpu_ticks=600 * HZ, own_cpu_ticks=2 * HZ),
+            proc(
+                40,
+                "python3 -m ipykernel_launcher -f /tmp/k.json",
+                ppid=7,
+                cpu_ticks=50 * HZ,
+                own_cpu_ticks=50 * HZ,
+            ),
+        ]
+    )
+    assert facts is not None and facts.frontend_cpu_s == pytest.approx(2.0)
+    key = ContainerKey("ml", "nb-0", "u1", "main")
+    result = ScanResult(
+        timestamp=1_800_000_000.0, containers={key: Seen(ProcessCounts(), (), facts)}, scanned_pids=3
+    )
+    registry = CollectorRegistry()
+    registry.register(IdleFactsCollector(lambda: result))
+    rows = [
+        line for line in generate_latest(registry).decode().splitlines() if "frontend_cpu_seconds{" in line
+    ]
+    assert len(rows) == 1 and rows[0].endswith(" 2.0"), rows
 
 
 def test_watch_and_what_it_starts_are_monitors() -> None:
@@ -115,13 +144,13 @@ def test_the_series_are_exported_only_for_containers_with_facts() -> None:
     registry = CollectorRegistry()
     registry.register(IdleFactsCollector(lambda: result))
     text = generate_latest(registry).decode()
-    # Three series for the notebook (no monitor: no monitor series), none for the training job.
+    # Three series for the notebook (no monitor, no front-end: neither series), none for the training job.
     rows = [line for line in text.splitlines() if line and not line.startswith("#")]
     assert len(rows) == 3, rows
     newest = next(line for line in rows if line.startswith("ghostgpu_agent_container_newest_start_seconds{"))
     assert 'class="notebook"' in newest
     assert newest.endswith(("1.7999999e+09", "1.7999999e+9"))  # newest start: the scan time - 100 s
-    assert "monitor_cpu" not in "".join(rows)
+    assert "monitor_cpu" not in "".join(rows) and "frontend_cpu" not in "".join(rows)
     assert "train-0" not in text
 
 
@@ -192,3 +221,29 @@ def test_a_node_scan_carries_the_facts_of_a_terminal_container(tmp_path: Path) -
     assert isinstance(seen, Seen) and seen.idle is not None
     assert seen.idle.session_class is SessionClass.TERMINAL
     assert (seen.idle.tty_wakeups, seen.idle.running, seen.idle.newest_start_age_s) == (15, 0, 6000)
+
+
+def test_a_process_s_own_cpu_leaves_out_the_children_it_reaped() -> None:
+    """procfs.read_process on this machine: a shell that ran and reaped a busy child has the child's
+    CPU in cpu_ticks (cutime) and not in own_cpu_ticks, what the front-end discount reads."""
+    shell = subprocess.Popen(
+        ["sh", "-c", "i=0; while [ $i -lt 300000 ]; do i=$((i+1)); done & wait; exec sleep 30"]
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while True:  # the child ran, was reaped, and the shell became `sleep` (same pid)
+            if Path(f"/proc/{shell.pid}/comm").read_text().strip() == "sleep":
+                break
+            assert time.monotonic() < deadline, "the shell never reached its sleep"
+            time.sleep(0.05)
+        fd = os.open(f"/proc/{shell.pid}", os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            p = procfs.read_process(fd, shell.pid, REF, procfs.uptime_s(Path("/proc")))
+        finally:
+            os.close(fd)
+        assert p is not None
+        assert p.cpu_ticks - p.own_cpu_ticks >= 5, (p.cpu_ticks, p.own_cpu_ticks)  # the child's, reaped
+        assert p.own_cpu_ticks <= 2
+    finally:
+        shell.kill()
+        shell.wait()

@@ -25,7 +25,14 @@ AGENT = (
 
 
 def agent(
-    pod: str, *, cls: str, newest: str, running: str, tty: str, monitor: str | None = None
+    pod: str,
+    *,
+    cls: str,
+    newest: str,
+    running: str,
+    tty: str,
+    monitor: str | None = None,
+    frontend: str | None = None,
 ) -> list[dict]:
     """The node agent's idle-session series of one pod's container (agent/idle_facts.py)."""
     out = [
@@ -38,13 +45,14 @@ def agent(
         {"series": f'ghostgpu_agent_container_running{{{AGENT},tracked_pod="{pod}"}}', "values": running},
         {"series": f'ghostgpu_agent_container_tty_wakeups{{{AGENT},tracked_pod="{pod}"}}', "values": tty},
     ]
-    if monitor is not None:
-        out.append(
-            {
-                "series": f'ghostgpu_agent_container_monitor_cpu_seconds{{{AGENT},tracked_pod="{pod}"}}',
-                "values": monitor,
-            }
-        )
+    for family, values in (("monitor", monitor), ("frontend", frontend)):
+        if values is not None:
+            out.append(
+                {
+                    "series": f'ghostgpu_agent_container_{family}_cpu_seconds{{{AGENT},tracked_pod="{pod}"}}',
+                    "values": values,
+                }
+            )
     return out
 
 
@@ -121,7 +129,15 @@ def test_history_of_an_idle_kernel_and_a_silent_computation(tmp_path: Path) -> N
         },
         # The agent: nb-0 a kernel started at minute 1, nothing running, no terminal, a watch
         # using 0.05 s a minute; nb-1 a terminal into which someone typed at minute 25.
-        *agent("nb-0", cls="notebook", newest="60x45", running="0x45", tty="0x45", monitor="0+0.05x45"),
+        *agent(
+            "nb-0",
+            cls="notebook",
+            newest="60x45",
+            running="0x45",
+            tty="0x45",
+            monitor="0+0.05x45",
+            frontend="0+0.02x45",
+        ),
         *agent("nb-1", cls="terminal", newest="60x45", running="0x45", tty="10x25 14x20"),
     ]
     got = evaluate(query([("ml", "nb-0"), ("ml", "nb-1")]), series, "30m", tmp_path)
@@ -137,6 +153,8 @@ def test_history_of_an_idle_kernel_and_a_silent_computation(tmp_path: Path) -> N
     assert nb1["fb_max"] - nb1["fb_min"] == 1000 * 1048576  # memory growing
     assert (nb0["newest_start"], nb0["running"], nb0["tty_changes"]) == (60.0, 0.0, 0.0)
     assert nb0["monitor_cpu"] == pytest.approx(0.5)
+    assert nb0["frontend_cpu"] == pytest.approx(0.2)  # the front-end server's own, read apart
+    assert "frontend_cpu" not in nb1 and "monitor_cpu" not in nb1  # none runs: nothing discounted
     assert nb0["class_notebook"] == 1.0 and nb1["class_terminal"] == 1.0
     assert nb1["tty_changes"] == 1.0  # the keystrokes at minute 25
 

@@ -117,6 +117,33 @@ def test_a_monitor_is_discounted_only_up_to_its_allowance() -> None:
     assert climb(disguised, p, now=T0, zero_threshold=0.0).outcome == "active"
 
 
+def test_a_notebook_front_end_is_discounted_only_up_to_its_allowance_and_never_for_a_monitor() -> None:
+    p = policy()
+    assert p.frontend_cpu_allowance == 0.05
+    # A server answering an open tab's polls: 0.03 cores of the container's 0.035 are its own.
+    tab = idle_evidence(cpu_seconds=0.035 * AFTER, frontend_cpu_seconds=0.03 * AFTER)
+    assert climb(tab, p, now=T0, zero_threshold=0.0).outcome == "idle"
+    assert climb(
+        tab.model_copy(update={"frontend_cpu_seconds": None}), p, now=T0, zero_threshold=0.0
+    ).outcome == (
+        "active"  # the series lost on its way: nothing discounted, the safe direction
+    )
+    # A cell computing is the kernel's CPU: the front-end's discount never covers it.
+    cell = idle_evidence(cpu_seconds=0.5 * AFTER, frontend_cpu_seconds=0.001 * AFTER)
+    assert climb(cell, p, now=T0, zero_threshold=0.0).outcome == "active"
+    # A front-end that computes a core is discounted its allowance only.
+    busy = idle_evidence(cpu_seconds=1.0 * AFTER, frontend_cpu_seconds=1.0 * AFTER)
+    assert climb(busy, p, now=T0, zero_threshold=0.0).outcome == "active"
+    # Each allowance covers its own process only: a monitor and a front-end, each at its cap.
+    both = idle_evidence(
+        cpu_seconds=0.11 * AFTER, monitor_cpu_seconds=0.06 * AFTER, frontend_cpu_seconds=0.06 * AFTER
+    )
+    assert climb(both, p, now=T0, zero_threshold=0.0).outcome == "idle"  # 0.11 - 0.05 - 0.05 = 0.01
+    assert climb(
+        both, p.model_copy(update={"frontend_cpu_allowance": 0.0}), now=T0, zero_threshold=0.0
+    ).outcome == ("active")
+
+
 def test_each_live_signal_is_activity() -> None:
     p = policy()
     for over in (
