@@ -308,3 +308,14 @@ def decisions_of(controller: Controller, ns: str, s: Named) -> list[dict[str, An
     key = f"Deployment/{ns}/{s.name}"
     lines = [json.loads(x) for x in controller.decisions.read_text().splitlines() if x.strip()]
     return [x for x in lines if x.get("workload") == key]
+
+
+
+def wait_decision(controller: Controller, ns: str, s: Named, action: str, timeout: float = 30) -> list[dict[str, Any]]:
+    """The session's decision-log lines with `action`, once there is one. The leader writes a poll's
+    lines after the poll's actions, so the stop itself (the scale, its Event) is seen first."""
+    return wait_for(
+        lambda: [d for d in decisions_of(controller, ns, s) if d.get("action") == action],
+        timeout,
+        f"a decision line with action {action} for {s.name}",
+    )

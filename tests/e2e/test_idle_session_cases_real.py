@@ -70,6 +70,7 @@ from idle_real import (
     start_agent,
     start_pods,
     stop_agent,
+    wait_decision,
 )
 from kubernetes.client.exceptions import ApiException
 from kubernetes.stream import stream
@@ -614,7 +615,7 @@ def test_a_restarted_controller_keeps_the_deadline(bench: Bench) -> None:
     scaled = bench.scaled_at(s)
     assert scaled >= deadline_of(warned), (scaled, record)
     # The stop was the new controller's.
-    assert any(x.get("action") == "idle-stop" for x in decisions_of(bench.controller, bench.ns, s))
+    assert wait_decision(bench.controller, bench.ns, s, "idle-stop")
     print(
         f"[idle-cases] restarted controller: stopped {d.marks['restart'] - warned.at:.0f}s after the "
         f"warning, a new one running {d.marks['started'] - d.marks['restart']:.0f}s later; scaled to 0 "
