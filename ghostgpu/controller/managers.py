@@ -318,18 +318,63 @@ class Resolver:
         return head
 
 
+class ServedGroupVersions:
+    """The group/versions the apiserver serves (one GET /apis, which every authenticated user may
+    read), shared by the manager kinds that recheck together and kept `ttl` seconds. A cluster
+    without a dozen operators then costs one discovery request per recheck, not one 404 list per
+    absent kind (14 in the bench's cluster). A served group/version proves nothing about the kind
+    (another CRD of the group may serve it): the kind is listed to find out. `None`: discovery
+    failed, and every kind is listed as without it."""
+
+    def __init__(self, api: Any, ttl: float = 30.0) -> None:
+        self.api, self.ttl = api, ttl
+        self._served: set[str] | None = None
+        self._at: float | None = None
+        self._lock = asyncio.Lock()
+
+    async def serves(self, rtype: ResourceType) -> bool | None:
+        async with self._lock:
+            now = asyncio.get_running_loop().time()
+            if self._at is None or now - self._at > self.ttl:
+                self._served = await self._discover()
+                self._at = now
+        return None if self._served is None else rtype.version in self._served
+
+    async def _discover(self) -> set[str] | None:
+        try:
+            async with self.api.call_api("GET", base="/apis", version="", url="") as resp:
+                body = resp.json()
+            return {v["groupVersion"] for g in body["groups"] for v in g.get("versions") or []}
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            log.info(
+                "API discovery failed, listing each manager kind",
+                extra={"error": f"{type(exc).__name__}: {exc}"[:200]},
+            )
+            return None
+
+
 class OptionalReflector(Reflector):
     """A watch of a kind whose CRD may not be installed, or that the controller may not be allowed
     to list (RBAC rendered before the kind was added): a failed first list leaves the cache empty
     and synced (readiness does not wait for an operator the cluster does not run) and is tried
     again after `recheck` seconds, then twice as long each time up to `max_recheck`, so a CRD
     installed later is picked up within ten minutes while a kind the cluster never runs costs one
-    list per ten minutes, not one a minute for ever. An empty cache is safe: a pod whose owner is of
-    a known kind but not in the cache is not judged at all."""
+    list per ten minutes, not one a minute for ever. With `served`, a kind whose group/version the
+    apiserver does not serve is not listed at all (one discovery request for all of them). An empty
+    cache is safe: a pod whose owner is of a known kind but not in the cache is not judged at all."""
 
-    def __init__(self, *args: Any, recheck: float = 60.0, max_recheck: float = 600.0, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *args: Any,
+        recheck: float = 60.0,
+        max_recheck: float = 600.0,
+        served: ServedGroupVersions | None = None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(*args, **kwargs)
-        self.recheck, self.max_recheck = recheck, max_recheck
+        self.recheck, self.max_recheck, self.served = recheck, max_recheck, served
 
     async def run(self) -> None:
         from kr8s._exceptions import ServerError
@@ -337,20 +382,24 @@ class OptionalReflector(Reflector):
         delay = self.recheck
         while True:
             try:
-                await self._list()
-                break
+                if self.served is not None and await self.served.serves(self.rtype) is False:
+                    missing, error = True, f"{self.rtype.version} is not served"
+                else:
+                    await self._list()
+                    break
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
                 missing = isinstance(exc, ServerError) and status_of(exc) == 404
-                (log.info if missing else log.warning)(
-                    "manager kind not listed, retrying later",
-                    extra={"resource": self.rtype.plural, "error": f"{type(exc).__name__}: {str(exc)[:200]}"},
-                )
-                self.store = {}
-                self.synced.set()
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, self.max_recheck)
+                error = f"{type(exc).__name__}: {str(exc)[:200]}"
+            (log.info if missing else log.warning)(
+                "manager kind not listed, retrying later",
+                extra={"resource": self.rtype.plural, "error": error},
+            )
+            self.store = {}
+            self.synced.set()
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, self.max_recheck)
         await super().run()  # listed once: the plain reflector lists again and watches from there
 
 
@@ -367,8 +416,11 @@ class ManagerInformers:
 
         kinds = {**RESOURCE_OF_KIND, ("batch", "Job"): JOBS}
         self.owners = [Reflector(api, kinds[gk], transform=owner_of) for gk in OWNER_INDEXED]
+        served = ServedGroupVersions(api)
         self.managers = [
-            OptionalReflector(api, resource_type(a), transform=lambda o, a=a: manager_workload(a, o, is_gpu))
+            OptionalReflector(
+                api, resource_type(a), transform=lambda o, a=a: manager_workload(a, o, is_gpu), served=served
+            )
             for a in table.managers
         ]
 
@@ -396,6 +448,7 @@ __all__ = [
     "OptionalReflector",
     "Resolution",
     "Resolver",
+    "ServedGroupVersions",
     "manager_workload",
     "owner_of_view",
     "register_kinds",

@@ -764,3 +764,75 @@ async def test_a_stopped_manager_counts_its_gpu_hours_recovered_until_undone(
     assert not a.is_stopped(undo)
     await rec.poll_once(snapshot(api, []))
     assert recovered._value.get() == pytest.approx(3 * per_poll)
+
+
+async def test_absent_manager_kinds_cost_one_discovery_request_not_a_list_each() -> None:
+    """Kinds whose group/version the apiserver does not serve are not listed: every recheck round
+    of all of them asks GET /apis once. A served group/version is listed, and an absent CRD of a
+    served group still reads as missing (404)."""
+    import asyncio
+    import contextlib
+
+    import httpx
+    from kr8s._exceptions import ServerError
+
+    from ghostgpu.controller.managers import OptionalReflector, ServedGroupVersions, resource_type
+
+    calls: list[str] = []
+
+    class Api:
+        @contextlib.asynccontextmanager
+        async def call_api(self, method: str, **kw: Any) -> Any:
+            calls.append(f"{kw.get('base', '')}/{kw['url']}")
+            if kw.get("base") == "/apis":
+                body = {"kind": "APIGroupList", "groups": [{"versions": [{"groupVersion": "ray.io/v1"}]}]}
+                yield httpx.Response(200, json=body, request=httpx.Request("GET", "http://x/apis"))
+                return
+            resp = httpx.Response(404, request=httpx.Request("GET", "http://x"))
+            raise ServerError("HTTP 404", status="404", response=resp)
+
+    served = ServedGroupVersions(Api(), ttl=30)
+    absent = [a for a in TABLE.managers if a.api_version != "ray.io/v1"]
+    ray = [a for a in TABLE.managers if a.api_version == "ray.io/v1"]
+    assert absent and ray
+    rs = [OptionalReflector(Api(), resource_type(a), served=served, recheck=0.05) for a in [*absent, *ray]]
+    tasks = [asyncio.ensure_future(r.run()) for r in rs]
+    await asyncio.wait_for(asyncio.gather(*(r.synced.wait() for r in rs)), 1)
+    await asyncio.sleep(0.12)  # two more recheck rounds, inside the discovery's 30 s
+    for t in tasks:
+        t.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    assert all(r.store == {} for r in rs)
+    assert calls.count("/apis/") == 1, calls
+    listed = {c for c in calls if c != "/apis/"}
+    assert listed == {f"/{a.plural}" for a in ray}, "only the served group's kinds are listed"
+
+
+async def test_failed_discovery_lists_every_manager_kind() -> None:
+    import asyncio
+    import contextlib
+
+    import httpx
+    from kr8s._exceptions import ServerError
+
+    from ghostgpu.controller.managers import OptionalReflector, ServedGroupVersions, resource_type
+
+    calls: list[str] = []
+
+    class Api:
+        @contextlib.asynccontextmanager
+        async def call_api(self, method: str, **kw: Any) -> Any:
+            calls.append(kw["url"])
+            code = 500 if kw.get("base") == "/apis" else 404
+            resp = httpx.Response(code, request=httpx.Request("GET", "http://x"))
+            raise ServerError(f"HTTP {code}", status=str(code), response=resp)
+            yield  # pragma: no cover
+
+    served = ServedGroupVersions(Api())
+    a = TABLE.only("RayCluster")
+    r = OptionalReflector(Api(), resource_type(a), served=served, recheck=10)
+    task = asyncio.ensure_future(r.run())
+    await asyncio.wait_for(r.synced.wait(), 1)
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    assert calls == ["", "rayclusters"], "discovery failed: the kind is listed to find out"
