@@ -322,7 +322,7 @@ class ServedGroupVersions:
     """The group/versions the apiserver serves (one GET /apis, which every authenticated user may
     read), shared by the manager kinds that recheck together and kept `ttl` seconds. A cluster
     without a dozen operators then costs one discovery request per recheck, not one 404 list per
-    absent kind (14 in the bench's cluster). A served group/version proves nothing about the kind
+    absent kind (12 in the bench's cluster). A served group/version proves nothing about the kind
     (another CRD of the group may serve it): the kind is listed to find out. `None`: discovery
     failed, and every kind is listed as without it."""
 
