@@ -310,8 +310,9 @@ def decisions_of(controller: Controller, ns: str, s: Named) -> list[dict[str, An
     return [x for x in lines if x.get("workload") == key]
 
 
-
-def wait_decision(controller: Controller, ns: str, s: Named, action: str, timeout: float = 30) -> list[dict[str, Any]]:
+def wait_decision(
+    controller: Controller, ns: str, s: Named, action: str, timeout: float = 30
+) -> list[dict[str, Any]]:
     """The session's decision-log lines with `action`, once there is one. The leader writes a poll's
     lines after the poll's actions, so the stop itself (the scale, its Event) is seen first."""
     return wait_for(
