@@ -19,7 +19,8 @@ from ghostgpu.agent.exporter import AgentExporter
 from ghostgpu.agent.scan import ScanResult, agent_pod, scan_node
 from ghostgpu.boundary import BoundaryError
 from ghostgpu.controller.inventory import gpu_predicate
-from ghostgpu.controller.kube import PODS, Reflector
+from ghostgpu.controller.kube import PODS
+from ghostgpu.controller.reflector import Reflector
 from ghostgpu.controller.server import HealthServer
 from ghostgpu.verdict import ProcessPolicy
 

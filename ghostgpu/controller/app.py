@@ -48,13 +48,13 @@ from ghostgpu.controller.kube import (
     PODS,
     STATEFULSETS,
     Cluster,
-    Reflector,
     ResourceType,
 )
 from ghostgpu.controller.leader import LeaderElector
 from ghostgpu.controller.ledger import ReplicaLedger
 from ghostgpu.controller.managers import ManagerInformers, owner_of_view
 from ghostgpu.controller.reconciler import PollResult, Reconciler, Snapshot, accounting_from, untracked_of
+from ghostgpu.controller.reflector import Reflector
 from ghostgpu.controller.replica import advertised_address, lease_namespace_of
 from ghostgpu.controller.server import HealthServer
 from ghostgpu.controller.slices import DraCapacity, slice_view

@@ -46,8 +46,9 @@ from ghostgpu.controller.inventory import (
     parse_time,
     slim_raw,
 )
-from ghostgpu.controller.kube import JOBS, RESOURCE_OF_KIND, Reflector, ResourceType, status_of
+from ghostgpu.controller.kube import JOBS, RESOURCE_OF_KIND, ResourceType, status_of
 from ghostgpu.controller.packing import pack
+from ghostgpu.controller.reflector import Reflector
 
 log = logging.getLogger("ghostgpu.controller.managers")
 

@@ -13,7 +13,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from ghostgpu.controller.kube import DEPLOYMENTS, Reflector
+from ghostgpu.controller.kube import DEPLOYMENTS
+from ghostgpu.controller.reflector import Reflector
 
 
 def dep(name: str, rv: str) -> dict:
