@@ -93,6 +93,7 @@ def query_parts(
     window: str,
     ahead: tuple[float, float] | None = None,
     ahead_field: str = "ahead",
+    pods: str | None = None,
 ) -> list[str]:
     """The agent's parts of the poll's query, each tagged with its `field_label` value.
 
@@ -103,10 +104,19 @@ def query_parts(
     agent pods on one node during a rollout) is one series, and the scrape's target labels do not
     reach the answer. With `ahead` = (at, after), pods with an agent sample newer than `after` at
     `at` (a producer writing ahead of the clock) come back as `ahead_field`, labelled as `zero`.
+
+    With `pods` (an alternation of pod names; `namespaces` then those pods' namespaces), only the
+    series of those pods are selected and `zero` is not evaluated: the poll names the pods it
+    read idle the poll before, the only ones whose processes it can ask for (see
+    UtilizationSource). Selecting them by name costs Prometheus a lookup per pod, where `zero`
+    costs a pass over every pod's utilization and the agent's selectors a pass over every busy
+    container's series.
     """
     on = f'label_replace({zero}, "{TRACKED_NAMESPACE}", "$1", "{namespace_label}", "(.*)")'
     on = f'label_replace({on}, "{TRACKED_POD}", "$1", "{pod_label}", "(.*)")'
     inner = f'{source}, {TRACKED_NAMESPACE}=~"{namespaces}"'
+    if pods is not None:
+        inner += f', {TRACKED_POD}=~"{pods}"'
     sel = "{" + inner + "}"
 
     def part(expr: str, agg: str, by: str, kind: str) -> str:
@@ -126,7 +136,11 @@ def query_parts(
     ]
     # One `and on(...)` for the three: `zero` is the utilization expression, which Prometheus
     # evaluates again wherever the query names it.
-    parts = [f"({' or '.join(each)}) and on({_ON}) ({on})"]
+    if pods is not None:
+        # Pods of one name in two namespaces both match: a few more series, never fewer.
+        parts = each
+    else:
+        parts = [f"({' or '.join(each)}) and on({_ON}) ({on})"]
     if ahead is not None:
         # The scan time and the live roles' counts (work, timer, session: what keeps a workload
         # alive) are what a forger must write ahead to make a busy container look finished: one
@@ -165,6 +179,8 @@ class AgentAnswer:
     uids: Mapping[tuple[str, str], str] = field(default_factory=dict)
     # How far a scan time may lead eval_time (the controller's clock) before it fails.
     max_clock_skew: float = 5.0
+    # The pods whose series the query named ((namespace, name)); None: every pod at zero.
+    asked: frozenset[tuple[str, str]] | None = None
 
     def add(self, kind: str, labels: Mapping[str, str], value: float) -> None:
         ns, name = labels.get(TRACKED_NAMESPACE, ""), labels.get(TRACKED_POD, "")
@@ -200,6 +216,12 @@ class AgentAnswer:
             return self.failure
         c = self.containers.get((pod.namespace, pod.name, pod.container))
         where = f"container {pod.container!r} of {pod.namespace}/{pod.name}"
+        if c is None and self.asked is not None and (pod.namespace, pod.name) not in self.asked:
+            return SignalFailure(
+                reason=FailureReason.MISSING,
+                detail=f"the poll did not ask for the node agent's series of {where}: its pod was "
+                "not read idle in the poll before",
+            )
         if c is None:
             return SignalFailure(
                 reason=FailureReason.MISSING,

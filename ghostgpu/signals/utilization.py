@@ -34,7 +34,7 @@ cannot make it idle) and not asked for, so a busy DRA fleet adds no series to th
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from string import Template
 from typing import Any, NamedTuple
@@ -241,15 +241,24 @@ def _selector(spec: QuerySpec, variables: Mapping[str, str]) -> str:
     )
 
 
-def build_query(spec: QuerySpec, pods: Iterable[PodKey], *, now: float | None = None) -> str:
+def build_query(
+    spec: QuerySpec,
+    pods: Iterable[PodKey],
+    *,
+    now: float | None = None,
+    agent_pods: Collection[PodKey] | None = None,
+) -> str:
     """The one PromQL expression for this poll. Raises ValueError on an invalid namespace name:
     namespaces are the only names written into the query (every pod is matched by ANY_POD and
     filtered in the controller). With `now` (what the poll passes), the query also asks for pods
-    with samples ahead of the controller's clock."""
+    with samples ahead of the controller's clock. With `agent_pods`, the node agent's series are
+    asked for those pods by name (none: no agent part), instead of for every pod at zero."""
     pods = list(pods)
-    for ns in {p.namespace for p in pods}:
+    for ns in {p.namespace for p in pods} | {p.namespace for p in agent_pods or ()}:
         if not _K8S_NAME.match(ns):
             raise ValueError(f"not a Kubernetes namespace name: {ns!r}")
+    if agent_pods and not all(_K8S_NAME.match(p.name) for p in agent_pods):
+        raise ValueError("not a Kubernetes pod name among the agent's pods")
     variables = _template_vars(spec, pods)
     inner = _selector(spec, variables)
     sel = "{" + inner + "}"
@@ -263,11 +272,13 @@ def build_query(spec: QuerySpec, pods: Iterable[PodKey], *, now: float | None = 
         util = f"({util}) * {spec.scale:g}"
     # timestamp() only reports a sample's own time on a plain selector, so staleness is read from
     # the metric itself, whatever the utilization template aggregates. `time()` is the query's
-    # evaluation time. A fresh pod gets its reading, a stale one its oldest sample's time.
+    # evaluation time. Every pod gets its reading, a stale one also its oldest sample's time, which
+    # fails the reading (_readings): one pass over the series for the time, not a second to keep
+    # the reading from stale pods.
     oldest = f"min by ({by}) (timestamp({spec.metric}{sel}))"
     since = f"time() - {spec.max_sample_age:g}"
     parts = [
-        f'label_replace(({util}) and on({by}) ({oldest} >= {since}), "{FIELD_LABEL}", "util", "", "")',
+        f'label_replace({util}, "{FIELD_LABEL}", "util", "", "")',
         f'label_replace({oldest} < {since}, "{FIELD_LABEL}", "ts", "", "")',
     ]
     zero = f"({util}) <= {spec.zero_threshold:g}"
@@ -312,9 +323,10 @@ def build_query(spec: QuerySpec, pods: Iterable[PodKey], *, now: float | None = 
         at_zero.append(device_part(spec.metric, sel, by, spec.dra_labels, FIELD_LABEL))
     if at_zero:
         parts.append(f"({' or '.join(at_zero)}) and on({by}) ({zero})")
-    if spec.agent_processes:
+    if spec.agent_processes and (agent_pods is None or agent_pods):
+        named = None if agent_pods is None else _alternation(p.name for p in agent_pods)
         parts += query_parts(
-            variables["namespaces"],
+            variables["namespaces"] if agent_pods is None else _alternation(p.namespace for p in agent_pods),
             zero,
             namespace_label=spec.namespace_label,
             pod_label=spec.pod_label,
@@ -323,6 +335,7 @@ def build_query(spec: QuerySpec, pods: Iterable[PodKey], *, now: float | None = 
             window=window,
             ahead=(now + AHEAD_HORIZON, now + spec.max_clock_skew) if now is not None else None,
             ahead_field=AHEAD_FIELD,
+            pods=named,
         )
     return " or ".join(parts)
 
@@ -465,8 +478,8 @@ def _readings(
         events = tuple(sorted(ev, key=_xid_order)) if ev else ()
         u = util.get(key)
         t = stamp.get(key) if stamp else None
-        # The query sends `ts` only for a stale pod and `util` only for a fresh one; a `ts` is
-        # checked all the same, so an answer carrying both can never pass a stale reading.
+        # The query sends `ts` only for a stale pod, beside its reading: a `ts` fails the reading,
+        # and is checked against the clock all the same.
         if untrusted and key in untrusted:
             out[key] = PodReading(
                 SignalFailure(reason=FailureReason.UNTRUSTED, detail=untrusted[key]), events
@@ -519,16 +532,43 @@ def _memory(value: float | None) -> int | SignalFailure:
     return int(value)
 
 
+# The most pods the poll names in the agent's selectors (AGENT_AFTER_IDLE); past it, the agent's
+# series are asked for every pod at zero. An alternation of every pod name was ~1 MB at 50,000
+# pods (see ANY_POD); 2,000 names are ~30 kB.
+AGENT_PODS_MAX = 2000
+
+
 class UtilizationSource:
-    """Runs the batched query. `poll()` never raises: failures land in every pod's reading."""
+    """Runs the batched query. `poll()` never raises: failures land in every pod's reading.
+
+    With `agent_after_idle` (the verdict asks a workload's processes only after two or more idle
+    readings in a row: controller.window >= 2), the node agent's series are asked only for the
+    pods the previous poll read at or under the zero threshold, by name: every pod whose processes
+    this poll can ask for is among them. The first poll, and any poll with more than
+    AGENT_PODS_MAX such pods, asks for every pod at zero as the query did before."""
 
     def __init__(
-        self, client: PrometheusClient, spec: QuerySpec, *, agent: AgentSeries | None = None
+        self,
+        client: PrometheusClient,
+        spec: QuerySpec,
+        *,
+        agent: AgentSeries | None = None,
+        agent_after_idle: bool = False,
     ) -> None:
         self.client = client
         self.spec = spec
         # Where this poll's node agent series go (spec.agent_processes): the process source reads them.
         self.agent = agent
+        self.agent_after_idle = agent_after_idle
+        # The pods the last poll read at or under the zero threshold; None before the first poll.
+        self.idle_last_poll: frozenset[PodKey] | None = None
+
+    def _agent_pods(self) -> frozenset[PodKey] | None:
+        last = self.idle_last_poll
+        if not self.agent_after_idle or last is None or len(last) > AGENT_PODS_MAX:
+            return None
+        # Names from the apiserver are DNS-1123 already; one that is not is left unasked (fail safe).
+        return frozenset(p for p in last if _K8S_NAME.match(p.name) and _K8S_NAME.match(p.namespace))
 
     async def poll(
         self,
@@ -542,15 +582,24 @@ class UtilizationSource:
         live pod's UID, which every series of it that names one must name."""
         pods = list(dict.fromkeys(pods))
         wanted = frozenset(pods)  # one set of the pods for the answer's filter and the agent's
+        agent_pods = self._agent_pods() if self.agent is not None else None
         answer = AgentAnswer(
             eval_time=now,
             pods=wanted,
             uids=dict(uids or {}),
             max_clock_skew=self.spec.max_clock_skew,
+            asked=agent_pods,  # type: ignore[arg-type]  # PodKey is a (namespace, name) tuple
         )
         if self.agent is not None:
             self.agent.answer = answer  # replaced every poll: last poll's series are never read again
-        return await self._poll(pods, now, answer if self.agent is not None else None, devices, uids, wanted)
+        readings = await self._poll(
+            pods, now, answer if self.agent is not None else None, devices, uids, wanted, agent_pods
+        )
+        zero = self.spec.zero_threshold
+        self.idle_last_poll = frozenset(
+            k for k, r in readings.items() if not isinstance(r.utilization, SignalFailure) and r.utilization <= zero
+        )
+        return readings
 
     async def _poll(
         self,
@@ -560,6 +609,7 @@ class UtilizationSource:
         devices: Mapping[PodKey, Sequence[DraDevice]] | None = None,
         uids: Mapping[PodKey, str] | None = None,
         wanted: frozenset[PodKey] | None = None,
+        agent_pods: frozenset[PodKey] | None = None,
     ) -> dict[PodKey, PodReading]:
         if not pods:
             return {}
@@ -577,7 +627,7 @@ class UtilizationSource:
             return out
         try:
             content = await self.client.query_content(
-                build_query(self.spec, valid, now=now),
+                build_query(self.spec, valid, now=now, agent_pods=agent_pods),
                 at=now,
                 max_bytes=BYTES_PER_SERIES * max_series(len(valid)),
             )

@@ -386,3 +386,45 @@ def test_a_series_of_another_scrape_is_not_read_in_prometheus(tmp_path: Path) ->
     assert not promtool(
         tmp_path, q, series, "60s", [_sample(90, ghostgpu_field="util", namespace="team-a", pod="busy")]
     )
+
+
+@PROMTOOL
+def test_naming_the_idle_pods_selects_what_the_zero_filter_selected_in_prometheus(tmp_path: Path) -> None:
+    """The poll that names the pods read idle before (UtilizationSource's agent_after_idle) gets,
+    in Prometheus's own engine, the same answer for those pods as the zero filter's query, and
+    the busy pods' agent series in neither."""
+    spec = QuerySpec.from_preset(
+        METRICS.dcgm,
+        max_sample_age=MAX_AGE,
+        window=30.0,
+        agent_processes=True,
+        agent_source=METRICS.agent_source,
+    )
+    agent_labels = 'job="ghostgpu-agent",namespace="ghostgpu-agent",tracked_namespace="team-a"'
+    series = []
+    for pod, util, role in (("idle-0", 0, "holder"), ("busy-0", 50, "work")):
+        series += [
+            {"series": f'DCGM_FI_DEV_GPU_UTIL{{{DCGM_LABELS},pod="{pod}"}}', "values": f"{util}x4"},
+            {
+                "series": f'ghostgpu_agent_container_processes{{{agent_labels},tracked_pod="{pod}",'
+                f'tracked_uid="u-{pod}",tracked_container="main",role="{role}"}}',
+                "values": "1x4",
+            },
+            {
+                "series": f'ghostgpu_agent_container_scan_timestamp_seconds{{{agent_labels},'
+                f'tracked_pod="{pod}",tracked_uid="u-{pod}",tracked_container="main"}}',
+                "values": "55x4",  # one scan time: the window's bounds differ across versions
+            },
+        ]
+    container = {"tracked_namespace": "team-a", "tracked_pod": "idle-0", "tracked_uid": "u-idle-0"}
+    container["tracked_container"] = "main"
+    expected = [
+        _sample(0, ghostgpu_field="util", namespace="team-a", pod="idle-0"),
+        _sample(50, ghostgpu_field="util", namespace="team-a", pod="busy-0"),
+        _sample(1, ghostgpu_field="proc", role="holder", **container),
+        _sample(55, ghostgpu_field="scan", **container),
+    ]
+    pods = [PodKey("team-a", "idle-0"), PodKey("team-a", "busy-0")]
+    for agent_pods in (None, frozenset({PodKey("team-a", "idle-0")})):
+        q = build_query(spec, pods, now=60.0, agent_pods=agent_pods)
+        assert not promtool(tmp_path, q, series, "60s", expected), agent_pods

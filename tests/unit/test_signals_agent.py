@@ -10,6 +10,7 @@ answers the query with, and served over HTTP on 127.0.0.1 to the controller's ow
 from __future__ import annotations
 
 import json
+import re
 import threading
 import urllib.parse
 from collections.abc import Callable, Iterator
@@ -174,6 +175,109 @@ def test_the_one_query_carries_the_agent_series_of_the_zero_pods_only_in_agent_m
     assert len(build_query(SPEC, many)) == len(build_query(SPEC, many[:2]))
     exec_mode = build_query(QuerySpec.from_preset(MetricsConfig().dcgm, max_sample_age=MAX_AGE), pods)
     assert "ghostgpu_agent" not in exec_mode
+
+
+def test_the_query_can_name_the_pods_whose_agent_series_it_needs() -> None:
+    pods = [PodKey("team-a", "train-0"), PodKey("team-b", "serve.v2-0"), PodKey("team-c", "busy-0")]
+    named = frozenset(pods[:2])
+    q = build_query(SPEC, pods, now=NOW, agent_pods=named)
+    sel = (
+        '{job=~"ghostgpu-agent", namespace=~"ghostgpu-agent", tracked_namespace=~"team-a|team-b", '
+        'tracked_pod=~"serve\\\\.v2-0|train-0"}'
+    )
+    for metric in (PROCESSES_METRIC, SCAN_METRIC, UNSEEN_METRIC):
+        assert f"({metric}{sel}[60s])" in q, metric
+    # the ahead check of the agent's series names the same pods
+    assert f'role=~"|work|timer|session"}} @ {NOW + 240:.3f}' in q
+    assert 'tracked_pod=~"serve\\\\.v2-0|train-0", role=~' in q
+    # no zero filter on the agent's part: the names select it; every agent selector names them
+    assert "and on(tracked_namespace, tracked_pod)" not in q
+    assert q.count("ghostgpu_agent_container_") == q.count('tracked_pod=~"serve\\\\.v2-0|train-0"') + 1
+    # the GPU parts are the query's as before
+    without = build_query(QuerySpec.from_preset(MetricsConfig().dcgm, max_sample_age=MAX_AGE), pods, now=NOW)
+    assert q.startswith(without + " or ")
+    # none to ask: no agent part at all; None: every pod at zero, as before
+    assert "ghostgpu_agent" not in build_query(SPEC, pods, now=NOW, agent_pods=frozenset())
+    assert "and on(tracked_namespace, tracked_pod)" in build_query(SPEC, pods, now=NOW, agent_pods=None)
+    with pytest.raises(ValueError, match="pod name"):
+        build_query(SPEC, pods, agent_pods=frozenset({PodKey("team-a", 'x"} or vector(1) or {a="')}))
+
+
+async def test_after_the_first_poll_the_agent_series_are_asked_for_the_pods_read_idle_before(
+    prom: Prom, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Only a pod read idle by the poll before can have its processes asked for (the observer asks
+    after `window` >= 2 idle readings in a row): the query names those pods, and a pod it did not
+    name reads as not asked, never as no processes."""
+    store = Store()
+    for pod in ("idle-0", "idle-1", "turning-0"):
+        store.set_agent(AgentContainer(namespace="team-a", pod=pod, uid=pod, roles={"holder": 1}))
+    zero = {("team-a", "idle-0"), ("team-a", "idle-1")}
+
+    def body(q: str) -> dict[str, Any]:
+        # What Prometheus selects: the pods the query names, or (no names) every pod at zero.
+        named = re.search(r'tracked_pod=~"([^"]*)"', q)
+        asked = {("team-a", n) for n in named.group(1).split("|")} if named else zero
+        got = answer(store, zero & asked)
+        for ns, pod in sorted(zero - asked):  # at zero, not named: its reading, no agent series
+            for field_ in ("util", "fb"):
+                metric = {FIELD_LABEL: field_, "namespace": ns, "pod": pod}
+                got["data"]["result"].append({"metric": metric, "value": [NOW, "0"]})
+        busy = {FIELD_LABEL: "util", "namespace": "team-a", "pod": "turning-0"}
+        if ("team-a", "turning-0") not in zero:
+            got["data"]["result"].append({"metric": busy, "value": [NOW, "40"]})
+        return got
+
+    prom.body = body
+    keys = [PodKey("team-a", p) for p in ("idle-0", "idle-1", "turning-0")]
+    refs = [PodRef(k.namespace, k.name, "main") for k in keys]
+    series = AgentSeries()
+    async with PrometheusClient(prom.url, timeout=2) as client:
+        source = UtilizationSource(client, SPEC, agent=series, agent_after_idle=True)
+        processes = AgentProcessSource(series, max_age=MAX_AGE)
+        # the first poll knows no idle pods yet: every pod at zero, as without the option
+        await source.poll(keys, now=NOW)
+        assert "and on(tracked_namespace, tracked_pod)" in prom.queries[-1]
+        assert source.idle_last_poll == {keys[0], keys[1]}
+        # the second names the two read idle; the busy pod turns idle in this poll
+        zero.add(("team-a", "turning-0"))
+        await source.poll(keys, now=NOW)
+        assert 'tracked_pod=~"idle-0|idle-1"' in prom.queries[-1]
+        got = await processes.list_many(refs)
+        assert got[refs[0]] == got[refs[1]] == ProcessCounts(holder=1)
+        late = got[refs[2]]
+        assert isinstance(late, SignalFailure) and late.reason is FailureReason.MISSING
+        assert "did not ask" in late.detail
+        # the third names it too
+        await source.poll(keys, now=NOW)
+        assert 'tracked_pod=~"idle-0|idle-1|turning-0"' in prom.queries[-1]
+        assert (await processes.list_many(refs))[refs[2]] == ProcessCounts(holder=1)
+        # more idle pods than the query names: every pod at zero again
+        monkeypatch.setattr("ghostgpu.signals.utilization.AGENT_PODS_MAX", 2)
+        await source.poll(keys, now=NOW)
+        assert "tracked_pod=~" not in prom.queries[-1]
+        assert (await processes.list_many(refs))[refs[2]] == ProcessCounts(holder=1)
+        # a failed query: no pod read idle, so the next poll names none and asks no agent series
+        prom.status = 503
+        await source.poll(keys, now=NOW)
+        assert source.idle_last_poll == frozenset()
+        prom.status = 200
+        await source.poll(keys, now=NOW)
+        assert "ghostgpu_agent" not in prom.queries[-1]
+    assert len(prom.queries) == 6
+
+
+async def test_a_window_of_one_reading_asks_the_agent_for_every_pod_at_zero(prom: Prom) -> None:
+    """With controller.window 1 a pod's processes are asked at its first idle reading: the query
+    never narrows the agent's series to the poll before's idle pods."""
+    cfg = ControllerConfig.model_validate({"processSource": "agent", "window": 1})
+    async with PrometheusClient(prom.url, timeout=2) as client:
+        sources = signal_sources(cfg, client, executor=None)  # type: ignore[arg-type]
+        assert sources.utilization.agent_after_idle is False
+        default = signal_sources(
+            ControllerConfig.model_validate({"processSource": "agent"}), client, executor=None  # type: ignore[arg-type]
+        )
+        assert default.utilization.agent_after_idle is True
 
 
 def test_a_preset_with_other_pod_labels_is_matched_to_the_agents_namespace_and_pod() -> None:

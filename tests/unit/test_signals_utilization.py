@@ -111,14 +111,14 @@ async def poll(url: str, pods: list[PodKey], *, timeout: float = 2.0, spec: Quer
 def test_query_is_one_expression_that_does_not_grow_with_the_pods() -> None:
     q = build_query(SPEC, [A, B, C])
     # the reading (twice: as `util`, and as the one zero filter of `fb` and `uid` together:
-    # Prometheus evaluates it again wherever the query names it), its timestamp (twice: fresh pods
-    # get `util`, stale pods `ts`) and the idle pods' UIDs, all over the same selector:
+    # Prometheus evaluates it again wherever the query names it), its timestamp (once: stale pods
+    # get `ts` beside their reading) and the idle pods' UIDs, all over the same selector:
     # dcgm-exporter's scrape only
-    assert q.count("DCGM_FI_DEV_GPU_UTIL{") == 5
-    assert q.count('DCGM_FI_DEV_GPU_UTIL{job=~"nvidia-dcgm-exporter|dcgm-exporter", ') == 5
+    assert q.count("DCGM_FI_DEV_GPU_UTIL{") == 4
+    assert q.count('DCGM_FI_DEV_GPU_UTIL{job=~"nvidia-dcgm-exporter|dcgm-exporter", ') == 4
     assert q.count("and on(namespace, pod) ((max by (namespace, pod) (max_over_time(") == 1
-    assert q.count("min by (namespace, pod) (timestamp(DCGM_FI_DEV_GPU_UTIL{") == 2
-    assert ">= time() - 60)" in q and "< time() - 60," in q
+    assert q.count("min by (namespace, pod) (timestamp(DCGM_FI_DEV_GPU_UTIL{") == 1
+    assert ">= time() - 60" not in q and "< time() - 60," in q
     # namespaces are named (escaped), pods are not: the query does not grow with the fleet
     assert 'pod=~".+"' in q and "notebook-7f9c" not in q
     assert 'namespace=~"team-a|team-b"' in q
