@@ -135,12 +135,9 @@ def query_parts(
         part(f"max_over_time({UNSEEN_METRIC}{sel}[{window}]) == 1", "max", f"{_KEY}, reason", UNSEEN_FIELD),
     ]
     # One `and on(...)` for the three: `zero` is the utilization expression, which Prometheus
-    # evaluates again wherever the query names it.
-    if pods is not None:
-        # Pods of one name in two namespaces both match: a few more series, never fewer.
-        parts = each
-    else:
-        parts = [f"({' or '.join(each)}) and on({_ON}) ({on})"]
+    # evaluates again wherever the query names it. Pods named instead (of one name in two
+    # namespaces, both match: a few more series, never fewer) need no filter.
+    parts = each if pods is not None else [f"({' or '.join(each)}) and on({_ON}) ({on})"]
     if ahead is not None:
         # The scan time and the live roles' counts (work, timer, session: what keeps a workload
         # alive) are what a forger must write ahead to make a busy container look finished: one

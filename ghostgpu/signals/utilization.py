@@ -597,7 +597,7 @@ class UtilizationSource:
         )
         zero = self.spec.zero_threshold
         self.idle_last_poll = frozenset(
-            k for k, r in readings.items() if not isinstance(r.utilization, SignalFailure) and r.utilization <= zero
+            k for k, r in readings.items() if not isinstance(u := r.utilization, SignalFailure) and u <= zero
         )
         return readings
 
