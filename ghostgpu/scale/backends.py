@@ -216,16 +216,19 @@ def store_figures(
     url: str, controller_config: dict[str, Any], spec: Any, n: int
 ) -> tuple[float, float | None]:
     """(the controller's poll query timed against the store, the store's RSS): the query the
-    controller built from `controller_config` (agent mode) for the fleet's N pods (FleetSpec)."""
+    controller built from `controller_config` (agent mode) for the fleet's N pods (FleetSpec), as
+    every poll after the first sends it (the idle pods' agent series, by name)."""
     from ghostgpu.config import ControllerConfig
     from ghostgpu.controller.app import signal_sources
+    from ghostgpu.scale.querycost import steady_agent_pods
     from ghostgpu.signals.prometheus import PrometheusClient
     from ghostgpu.signals.utilization import PodKey, build_query
 
     ctrl = ControllerConfig.model_validate(controller_config["controller"])
     qspec = signal_sources(ctrl, PrometheusClient(url), executor=None).utilization.spec  # type: ignore[arg-type]
     pods = [PodKey(spec.namespace(i), spec.pod(i)) for i in range(n)]
-    return time_query(url, build_query(qspec, pods, now=time.time())), store_rss_mib(url)
+    named = steady_agent_pods([p for i, p in enumerate(pods) if spec.idle(i)])
+    return time_query(url, build_query(qspec, pods, now=time.time(), agent_pods=named)), store_rss_mib(url)
 
 
 async def measure_backends(

@@ -572,8 +572,8 @@ def _prometheus_cost(res: SizeResult, cfg: BenchConfig, spec: FleetSpec, prom_ur
 
     controller = _controller(cfg, prom_url)
     pods = [PodKey(spec.namespace(i), spec.pod(i)) for i in range(res.n)]
-    res.query_s = querycost.query_seconds(prom_url, controller, pods)
-    idle = {(spec.namespace(i), spec.pod(i)) for i in range(res.n) if spec.idle(i)}
+    idle = {PodKey(spec.namespace(i), spec.pod(i)) for i in range(res.n) if spec.idle(i)}
+    res.query_s = querycost.query_seconds(prom_url, controller, pods, idle)
     res.agent_series = querycost.agent_series(prom_url, controller, idle.__contains__)
     res.prometheus_series = querycost.head_series(prom_url)
 

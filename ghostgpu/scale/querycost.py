@@ -5,7 +5,10 @@ series (`ghostgpu bench scale`, measured at each N after the controller's runs).
   in agent mode and in exec mode) and the utilization expression alone, sent in turn, `rounds`
   times each, the best wall time of each kept: the machine is shared, and the best of a few is
   the figure least moved by what else runs. Each query names the clock of the moment it is sent,
-  as a poll does (a stale clock would make every sample read ahead).
+  as a poll does (a stale clock would make every sample read ahead). The agent-mode query is
+  timed as every poll after the first sends it (the agent's series of the pods read idle the
+  poll before, by name: the idle pods of the fleet) and as the first poll sends it (of every pod
+  at zero).
 - **Series**: the agent's per-container series in Prometheus, by container, split into the
   utilization-idle containers and the busy ones; and Prometheus's head series in all.
 """
@@ -14,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 import httpx
@@ -23,12 +26,12 @@ from ghostgpu.config import ControllerConfig
 from ghostgpu.promql import label_matchers
 from ghostgpu.signals.agent import TRACKED_NAMESPACE, TRACKED_POD
 from ghostgpu.signals.prometheus import PrometheusClient
-from ghostgpu.signals.utilization import FIELD_LABEL, PodKey, QuerySpec, build_query
+from ghostgpu.signals.utilization import AGENT_PODS_MAX, FIELD_LABEL, PodKey, QuerySpec, build_query
 
 # The names of query_seconds' entries: the utilization expression alone, the poll's query without
 # the agent's parts (what exec mode sends: utilization, sample age, GPU memory, XIDs), the poll's
-# query in agent mode.
-UTILIZATION, WITHOUT_AGENT, POLL = "utilization", "without_agent", "poll"
+# query in agent mode (every poll after the first), and the first poll's.
+UTILIZATION, WITHOUT_AGENT, POLL, FIRST_POLL = "utilization", "without_agent", "poll", "first_poll"
 
 
 def controller_spec(controller: ControllerConfig, process_source: str) -> QuerySpec:
@@ -49,20 +52,30 @@ def utilization_alone(query: str) -> str:
     return head + f', "{FIELD_LABEL}", "util", "", "")'
 
 
+def steady_agent_pods(idle: Collection[PodKey]) -> frozenset[PodKey] | None:
+    """The pods whose agent series a poll after the first names: the ones read idle the poll
+    before (UtilizationSource), or none named past AGENT_PODS_MAX."""
+    return frozenset(idle) if len(idle) <= AGENT_PODS_MAX else None
+
+
 def query_seconds(
     prom_url: str,
     controller: ControllerConfig,
     pods: Sequence[PodKey],
+    idle: Collection[PodKey],
     *,
     rounds: int = 3,
     timeout: float = 300.0,
 ) -> dict[str, float]:
-    """Best wall seconds of each query over `rounds` rounds (see the module)."""
+    """Best wall seconds of each query over `rounds` rounds (see the module); `idle`: the pods at
+    zero."""
     agent, exec_ = controller_spec(controller, "agent"), controller_spec(controller, "exec")
+    named = steady_agent_pods(idle)
     builders: dict[str, Callable[[float], str]] = {
         UTILIZATION: lambda now: utilization_alone(build_query(exec_, pods, now=now)),
         WITHOUT_AGENT: lambda now: build_query(exec_, pods, now=now),
-        POLL: lambda now: build_query(agent, pods, now=now),
+        POLL: lambda now: build_query(agent, pods, now=now, agent_pods=named),
+        FIRST_POLL: lambda now: build_query(agent, pods, now=now),
     }
     best = {name: float("inf") for name in builders}
     with httpx.Client(timeout=timeout) as client:
