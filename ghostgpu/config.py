@@ -884,6 +884,17 @@ class PrometheusConfig(Model):
         "are not in the window: with a short scrape interval a pod reads as missing (UNKNOWN).",
     )
 
+    max_query_bytes: int = Field(
+        16384,
+        ge=4096,
+        le=16 << 20,
+        description="The longest query the controller sends. After the first poll, the node "
+        "agent's series are asked for the pods read idle the poll before, by name, while the "
+        "query stays this short; past it, for every pod at zero (a slower query for the store). "
+        "The default is VictoriaMetrics' own limit (-search.maxQueryLen); Prometheus has none, "
+        "so raise it there when more pods sit idle than fit (docs/scale.md).",
+    )
+
     @property
     def ingest_delay_seconds(self) -> float:
         return self.ingest_delay.seconds if self.ingest_delay is not None else 0.0

@@ -220,15 +220,15 @@ def store_figures(
     every poll after the first sends it (the idle pods' agent series, by name)."""
     from ghostgpu.config import ControllerConfig
     from ghostgpu.controller.app import signal_sources
-    from ghostgpu.scale.querycost import steady_agent_pods
+    from ghostgpu.scale.querycost import steady_query
     from ghostgpu.signals.prometheus import PrometheusClient
-    from ghostgpu.signals.utilization import PodKey, build_query
+    from ghostgpu.signals.utilization import PodKey
 
     ctrl = ControllerConfig.model_validate(controller_config["controller"])
     qspec = signal_sources(ctrl, PrometheusClient(url), executor=None).utilization.spec  # type: ignore[arg-type]
     pods = [PodKey(spec.namespace(i), spec.pod(i)) for i in range(n)]
-    named = steady_agent_pods([p for i, p in enumerate(pods) if spec.idle(i)])
-    return time_query(url, build_query(qspec, pods, now=time.time(), agent_pods=named)), store_rss_mib(url)
+    idle = [p for i, p in enumerate(pods) if spec.idle(i)]
+    return time_query(url, steady_query(qspec, ctrl, pods, idle, time.time())), store_rss_mib(url)
 
 
 async def measure_backends(

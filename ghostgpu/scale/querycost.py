@@ -26,7 +26,7 @@ from ghostgpu.config import ControllerConfig
 from ghostgpu.promql import label_matchers
 from ghostgpu.signals.agent import TRACKED_NAMESPACE, TRACKED_POD
 from ghostgpu.signals.prometheus import PrometheusClient
-from ghostgpu.signals.utilization import AGENT_PODS_MAX, FIELD_LABEL, PodKey, QuerySpec, build_query
+from ghostgpu.signals.utilization import FIELD_LABEL, PodKey, QuerySpec, build_query, poll_query
 
 # The names of query_seconds' entries: the utilization expression alone, the poll's query without
 # the agent's parts (what exec mode sends: utilization, sample age, GPU memory, XIDs), the poll's
@@ -52,10 +52,18 @@ def utilization_alone(query: str) -> str:
     return head + f', "{FIELD_LABEL}", "util", "", "")'
 
 
-def steady_agent_pods(idle: Collection[PodKey]) -> frozenset[PodKey] | None:
-    """The pods whose agent series a poll after the first names: the ones read idle the poll
-    before (UtilizationSource), or none named past AGENT_PODS_MAX."""
-    return frozenset(idle) if len(idle) <= AGENT_PODS_MAX else None
+def steady_query(
+    spec: QuerySpec,
+    controller: ControllerConfig,
+    pods: Sequence[PodKey],
+    idle: Collection[PodKey],
+    now: float,
+) -> str:
+    """The query a poll after the first sends (UtilizationSource): the agent's series of the pods
+    read idle the poll before, by name, while the query fits controller.prometheus.maxQueryBytes."""
+    return poll_query(
+        spec, list(pods), now=now, agent_pods=frozenset(idle), max_bytes=controller.prometheus.max_query_bytes
+    )[0]
 
 
 def query_seconds(
@@ -70,11 +78,10 @@ def query_seconds(
     """Best wall seconds of each query over `rounds` rounds (see the module); `idle`: the pods at
     zero."""
     agent, exec_ = controller_spec(controller, "agent"), controller_spec(controller, "exec")
-    named = steady_agent_pods(idle)
     builders: dict[str, Callable[[float], str]] = {
         UTILIZATION: lambda now: utilization_alone(build_query(exec_, pods, now=now)),
         WITHOUT_AGENT: lambda now: build_query(exec_, pods, now=now),
-        POLL: lambda now: build_query(agent, pods, now=now, agent_pods=named),
+        POLL: lambda now: steady_query(agent, controller, pods, idle, now),
         FIRST_POLL: lambda now: build_query(agent, pods, now=now),
     }
     best = {name: float("inf") for name in builders}

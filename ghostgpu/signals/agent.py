@@ -114,10 +114,9 @@ def query_parts(
     """
     on = f'label_replace({zero}, "{TRACKED_NAMESPACE}", "$1", "{namespace_label}", "(.*)")'
     on = f'label_replace({on}, "{TRACKED_POD}", "$1", "{pod_label}", "(.*)")'
-    inner = f'{source}, {TRACKED_NAMESPACE}=~"{namespaces}"'
-    if pods is not None:
-        inner += f', {TRACKED_POD}=~"{pods}"'
-    sel = "{" + inner + "}"
+    every = f'{source}, {TRACKED_NAMESPACE}=~"{namespaces}"'
+    inner = every if pods is None else f'{every}, {TRACKED_POD}=~"{pods}"'
+    sel, bare = "{" + inner + "}", "{" + every + "}"
 
     def part(expr: str, agg: str, by: str, kind: str) -> str:
         return f'label_replace({agg} by ({by}) ({expr}), "{field_label}", "{kind}", "", "")'
@@ -132,7 +131,8 @@ def query_parts(
         part(
             f"min_over_time({SCAN_METRIC}{sel}[{window}])", "min", f"{_KEY}, {LIVE_ROLES_LABEL}", SCAN_FIELD
         ),
-        part(f"max_over_time({UNSEEN_METRIC}{sel}[{window}]) == 1", "max", f"{_KEY}, reason", UNSEEN_FIELD),
+        # Not by name: a container the agent cannot see is rare, and the names cost query bytes.
+        part(f"max_over_time({UNSEEN_METRIC}{bare}[{window}]) == 1", "max", f"{_KEY}, reason", UNSEEN_FIELD),
     ]
     # One `and on(...)` for the three: `zero` is the utilization expression, which Prometheus
     # evaluates again wherever the query names it. Pods named instead (of one name in two

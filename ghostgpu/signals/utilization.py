@@ -532,10 +532,21 @@ def _memory(value: float | None) -> int | SignalFailure:
     return int(value)
 
 
-# The most pods the poll names in the agent's selectors (AGENT_AFTER_IDLE); past it, the agent's
-# series are asked for every pod at zero. An alternation of every pod name was ~1 MB at 50,000
-# pods (see ANY_POD); 2,000 names are ~30 kB.
-AGENT_PODS_MAX = 2000
+def poll_query(
+    spec: QuerySpec,
+    pods: list[PodKey],
+    *,
+    now: float,
+    agent_pods: frozenset[PodKey] | None,
+    max_bytes: int,
+) -> tuple[str, frozenset[PodKey] | None]:
+    """(the poll's query, the pods whose agent series it names): `agent_pods` by name while the
+    query stays within `max_bytes`, else every pod at zero (None)."""
+    if agent_pods is not None:
+        query = build_query(spec, pods, now=now, agent_pods=agent_pods)
+        if len(query.encode()) <= max_bytes:
+            return query, agent_pods
+    return build_query(spec, pods, now=now), None
 
 
 class UtilizationSource:
@@ -544,8 +555,8 @@ class UtilizationSource:
     With `agent_after_idle` (the verdict asks a workload's processes only after two or more idle
     readings in a row: controller.window >= 2), the node agent's series are asked only for the
     pods the previous poll read at or under the zero threshold, by name: every pod whose processes
-    this poll can ask for is among them. The first poll, and any poll with more than
-    AGENT_PODS_MAX such pods, asks for every pod at zero as the query did before."""
+    this poll can ask for is among them. The first poll, and any poll whose names would make the
+    query longer than `max_query_bytes`, asks for every pod at zero."""
 
     def __init__(
         self,
@@ -554,18 +565,20 @@ class UtilizationSource:
         *,
         agent: AgentSeries | None = None,
         agent_after_idle: bool = False,
+        max_query_bytes: int = 16384,
     ) -> None:
         self.client = client
         self.spec = spec
         # Where this poll's node agent series go (spec.agent_processes): the process source reads them.
         self.agent = agent
         self.agent_after_idle = agent_after_idle
+        self.max_query_bytes = max_query_bytes
         # The pods the last poll read at or under the zero threshold; None before the first poll.
         self.idle_last_poll: frozenset[PodKey] | None = None
 
     def _agent_pods(self) -> frozenset[PodKey] | None:
         last = self.idle_last_poll
-        if not self.agent_after_idle or last is None or len(last) > AGENT_PODS_MAX:
+        if not self.agent_after_idle or last is None:
             return None
         # Names from the apiserver are DNS-1123 already; one that is not is left unasked (fail safe).
         return frozenset(p for p in last if _K8S_NAME.match(p.name) and _K8S_NAME.match(p.namespace))
@@ -588,7 +601,6 @@ class UtilizationSource:
             pods=wanted,
             uids=dict(uids or {}),
             max_clock_skew=self.spec.max_clock_skew,
-            asked=agent_pods,  # type: ignore[arg-type]  # PodKey is a (namespace, name) tuple
         )
         if self.agent is not None:
             self.agent.answer = answer  # replaced every poll: last poll's series are never read again
@@ -625,9 +637,14 @@ class UtilizationSource:
             out, valid = {}, pods
         if not valid:
             return out
+        query, named = poll_query(
+            self.spec, valid, now=now, agent_pods=agent_pods, max_bytes=self.max_query_bytes
+        )
+        if agent is not None:
+            agent.asked = named  # type: ignore[assignment]  # a PodKey is a (namespace, name) tuple
         try:
             content = await self.client.query_content(
-                build_query(self.spec, valid, now=now, agent_pods=agent_pods),
+                query,
                 at=now,
                 max_bytes=BYTES_PER_SERIES * max_series(len(valid)),
             )

@@ -185,14 +185,17 @@ def test_the_query_can_name_the_pods_whose_agent_series_it_needs() -> None:
         '{job=~"ghostgpu-agent", namespace=~"ghostgpu-agent", tracked_namespace=~"team-a|team-b", '
         'tracked_pod=~"serve\\\\.v2-0|train-0"}'
     )
-    for metric in (PROCESSES_METRIC, SCAN_METRIC, UNSEEN_METRIC):
+    for metric in (PROCESSES_METRIC, SCAN_METRIC):
         assert f"({metric}{sel}[60s])" in q, metric
     # the ahead check of the agent's series names the same pods
     assert f'role=~"|work|timer|session"}} @ {NOW + 240:.3f}' in q
     assert 'tracked_pod=~"serve\\\\.v2-0|train-0", role=~' in q
     # no zero filter on the agent's part: the names select it; every agent selector names them
+    # but the rare containers the agent cannot see (`unseen`)
     assert "and on(tracked_namespace, tracked_pod)" not in q
-    assert q.count("ghostgpu_agent_container_") == q.count('tracked_pod=~"serve\\\\.v2-0|train-0"') + 1
+    assert q.count('tracked_pod=~"serve\\\\.v2-0|train-0"') == 3
+    bare = '{job=~"ghostgpu-agent", namespace=~"ghostgpu-agent", tracked_namespace=~"team-a|team-b"}'
+    assert f"{UNSEEN_METRIC}{bare}" in q
     # the GPU parts are the query's as before
     without = build_query(QuerySpec.from_preset(MetricsConfig().dcgm, max_sample_age=MAX_AGE), pods, now=NOW)
     assert q.startswith(without + " or ")
@@ -204,7 +207,7 @@ def test_the_query_can_name_the_pods_whose_agent_series_it_needs() -> None:
 
 
 async def test_after_the_first_poll_the_agent_series_are_asked_for_the_pods_read_idle_before(
-    prom: Prom, monkeypatch: pytest.MonkeyPatch
+    prom: Prom,
 ) -> None:
     """Only a pod read idle by the poll before can have its processes asked for (the observer asks
     after `window` >= 2 idle readings in a row): the query names those pods, and a pod it did not
@@ -252,11 +255,12 @@ async def test_after_the_first_poll_the_agent_series_are_asked_for_the_pods_read
         await source.poll(keys, now=NOW)
         assert 'tracked_pod=~"idle-0|idle-1|turning-0"' in prom.queries[-1]
         assert (await processes.list_many(refs))[refs[2]] == ProcessCounts(holder=1)
-        # more idle pods than the query names: every pod at zero again
-        monkeypatch.setattr("ghostgpu.signals.utilization.AGENT_PODS_MAX", 2)
+        # names that would make the query longer than the store takes: every pod at zero again
+        source.max_query_bytes = len(prom.queries[-1].encode()) - 1
         await source.poll(keys, now=NOW)
         assert "tracked_pod=~" not in prom.queries[-1]
         assert (await processes.list_many(refs))[refs[2]] == ProcessCounts(holder=1)
+        source.max_query_bytes = 16384
         # a failed query: no pod read idle, so the next poll names none and asks no agent series
         prom.status = 503
         await source.poll(keys, now=NOW)
