@@ -261,15 +261,10 @@ def signal_sources(cfg: ControllerConfig, prom: PrometheusClient, executor: PodE
         series = AgentSeries()
         # The agent's scan may be as old as a utilization sample may (staleAfter), no older.
         ps = AgentProcessSource(series, max_age=cfg.stale_after.seconds)
-        # The observer asks a workload's processes after `window` idle readings in a row, so with
-        # two or more the pods read idle by the last poll are all the agent's series it can need.
-        util = UtilizationSource(
-            prom,
-            spec,
-            agent=series,
-            agent_after_idle=cfg.window >= 2,
-            max_query_bytes=cfg.prometheus.max_query_bytes,
-        )
+        # Processes are asked after `window` idle readings in a row: with 2 or more, the pods read
+        # idle by the poll before are all whose agent series a poll can need.
+        after, limit = cfg.window > 1, cfg.prometheus.max_query_bytes
+        util = UtilizationSource(prom, spec, agent=series, agent_after_idle=after, max_query_bytes=limit)
         return SignalSources(util, ps, FileArtifactProbe(NoExec()))
     processes = ExecProcessSource(executor, concurrency=8, timeout=10.0)
     return SignalSources(UtilizationSource(prom, spec), processes, FileArtifactProbe(executor, timeout=10.0))
