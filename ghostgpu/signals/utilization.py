@@ -607,10 +607,13 @@ class UtilizationSource:
         readings = await self._poll(
             pods, now, answer if self.agent is not None else None, devices, uids, wanted, agent_pods
         )
-        zero = self.spec.zero_threshold
-        self.idle_last_poll = frozenset(
-            k for k, r in readings.items() if not isinstance(u := r.utilization, SignalFailure) and u <= zero
-        )
+        if self.agent is not None and self.agent_after_idle:  # a pass over every pod: only where read
+            zero = self.spec.zero_threshold
+            self.idle_last_poll = frozenset(
+                k
+                for k, r in readings.items()
+                if not isinstance(u := r.utilization, SignalFailure) and u <= zero
+            )
         return readings
 
     async def _poll(
