@@ -118,7 +118,8 @@ async def test_list_watch_events_and_relist_on_410(apiserver: tuple[str, FakeApi
     try:
         for _ in range(100):
             await asyncio.sleep(0.05)
-            if len(fake.requests) >= 5:
+            # The relist's request arrives before its answer fills the cache: wait for both.
+            if len(fake.requests) >= 5 and ("ns", "c") in r.store:
                 break
     finally:
         task.cancel()
