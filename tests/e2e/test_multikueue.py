@@ -586,19 +586,32 @@ def test_orchestrated_preemption_spares_the_placeholder_when_another_worker_has_
         placed, after = fleet.placed_on("urgent-gated"), time.monotonic() - sent
         controllers["worker-1"].wait_polls(2)
         evictions = controllers["worker-1"].metric(EVICTIONS, reason="InClusterQueue") - evicted_before
-        now = wait_for(lambda: _reserved(w1), 60, "worker 1's placeholder admitted")
+        now = _reserved(w1)
+        spared = now is not None and now["uid"] == first["uid"]
+        if not spared:  # an eviction is counted at the poll after it
+            controllers["worker-1"].wait_polls(2)
+            evictions = controllers["worker-1"].metric(EVICTIONS, reason="InClusterQueue") - evicted_before
         print(
             f"orchestrated preemption (Kueue restarted in {max(took):.1f}s at most): placed on {placed} "
             f"{after:.1f}s after it was created; placeholder evictions on worker-1: {evictions:g}; "
-            f"the same placeholder: {bool(now) and now['uid'] == first['uid']}"
+            f"the same placeholder still admitted: {spared}"
         )
         # Measured, not asserted: the gate spared the placeholder in most runs, but on a loaded
         # machine worker 1's gate was opened too and it was evicted once (docs/reservation.md).
         assert placed == "worker-2"
-        assert evictions <= 1 and now is not None, "at most one eviction, and the placeholder is back"
+        assert evictions <= 1, "at most one eviction"
+        assert spared or evictions == 1, "a placeholder not admitted any more was evicted, and counted"
     finally:
+        gone = time.monotonic()
         fleet.delete_job("urgent-gated")
         _restart_kueues(fleet, {})
+    # After an eviction the placeholder created again can stay pending until the production Job is
+    # gone (docs/reservation.md): it is checked once the Job is deleted.
+    wait_for(lambda: _reserved(w1), 60, "worker 1's placeholder admitted after the Job was gone")
+    print(
+        f"placeholder admitted {time.monotonic() - gone:.1f}s after the production Job was deleted "
+        "(Kueue restarted without the gate meanwhile)"
+    )
 
 
 def test_the_ghost_reclaimed_worker_1_admits_again_within_a_poll(
