@@ -377,17 +377,18 @@ class OptionalReflector(Reflector):
         super().__init__(*args, **kwargs)
         self.recheck, self.max_recheck, self.served = recheck, max_recheck, served
 
-    async def run(self) -> None:
+    async def run(self, listed: bool = False) -> None:
         from kr8s._exceptions import ServerError
 
         delay = self.recheck
-        while True:
+        while not listed:
             try:
                 if self.served is not None and await self.served.serves(self.rtype) is False:
                     missing, error = True, f"{self.rtype.version} is not served"
                 else:
                     await self._list()
-                    break
+                    listed = True
+                    continue
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
@@ -401,7 +402,7 @@ class OptionalReflector(Reflector):
             self.synced.set()
             await asyncio.sleep(delay)
             delay = min(delay * 2, self.max_recheck)
-        await super().run()  # listed once: the plain reflector lists again and watches from there
+        await super().run(listed=True)  # the plain reflector watches from that list on
 
 
 class ManagerInformers:

@@ -177,10 +177,12 @@ class Reflector:
             raise StreamedListUnsupported("the stream ended before the end of the list")
         return True
 
-    async def run(self) -> None:
+    async def run(self, listed: bool = False) -> None:
+        """Keep the cache in step with the apiserver for ever; `listed`: the cache was just listed
+        (its resourceVersion set), so the first step is a watch from there, not another list."""
         loop = asyncio.get_running_loop()
         backoff = 0.5
-        need_list = True
+        need_list = not listed
         while True:
             started = loop.time()
             try:

@@ -836,3 +836,36 @@ async def test_failed_discovery_lists_every_manager_kind() -> None:
     task.cancel()
     await asyncio.gather(task, return_exceptions=True)
     assert calls == ["", "rayclusters"], "discovery failed: the kind is listed to find out"
+
+
+async def test_a_present_manager_kind_is_listed_once_then_watched_from_that_list() -> None:
+    """The optional reflector's own list is the plain reflector's starting point: one list at
+    start, then a watch from its resourceVersion (a second list would double the start's cost)."""
+    import asyncio
+    import contextlib
+
+    import httpx
+
+    from ghostgpu.controller.managers import OptionalReflector, resource_type
+
+    calls: list[dict[str, Any]] = []
+    watching = asyncio.Event()
+
+    class Api:
+        @contextlib.asynccontextmanager
+        async def call_api(self, method: str, **kw: Any) -> Any:
+            calls.append(dict(kw.get("params") or {}))
+            if (kw.get("params") or {}).get("watch"):
+                watching.set()
+                await asyncio.sleep(3600)
+            body = {"metadata": {"resourceVersion": "41"}, "items": [
+                {"metadata": {"name": "rc", "namespace": "ns", "resourceVersion": "40"}}]}  # fmt: skip
+            yield httpx.Response(200, json=body, request=httpx.Request("GET", "http://x"))
+
+    r = OptionalReflector(Api(), resource_type(TABLE.only("RayCluster")), recheck=10)
+    task = asyncio.ensure_future(r.run())
+    await asyncio.wait_for(watching.wait(), 1)
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    assert [c.get("watch") for c in calls] == [None, "true"], calls
+    assert calls[1]["resourceVersion"] == "41" and ("ns", "rc") in r.store
