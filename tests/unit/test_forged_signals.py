@@ -411,7 +411,7 @@ def test_naming_the_idle_pods_selects_what_the_zero_filter_selected_in_prometheu
                 "values": "1x4",
             },
             {
-                "series": f'ghostgpu_agent_container_scan_timestamp_seconds{{{agent_labels},'
+                "series": f"ghostgpu_agent_container_scan_timestamp_seconds{{{agent_labels},"
                 f'tracked_pod="{pod}",tracked_uid="u-{pod}",tracked_container="main"}}',
                 "values": "55x4",  # one scan time: the window's bounds differ across versions
             },

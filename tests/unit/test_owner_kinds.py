@@ -47,9 +47,7 @@ def test_a_rayjob_kuberay_would_fail_if_suspended_is_escalated_not_stopped() -> 
     o = tracked("RayJob", "rj")
     o["spec"]["shutdownAfterJobFinishes"] = False  # KubeRay: "not allowed to be suspended"
     assert mgr(o).no_actuator
-    assert not TABLE.only("RayJob").can_stop(o) and TABLE.only("RayJob").can_stop(
-        tracked("RayJob", "x")
-    )
+    assert not TABLE.only("RayJob").can_stop(o) and TABLE.only("RayJob").can_stop(tracked("RayJob", "x"))
 
 
 async def test_the_stop_rereads_the_requirement_before_it_writes() -> None:

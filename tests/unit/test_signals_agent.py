@@ -279,7 +279,9 @@ async def test_a_window_of_one_reading_asks_the_agent_for_every_pod_at_zero(prom
         sources = signal_sources(cfg, client, executor=None)  # type: ignore[arg-type]
         assert sources.utilization.agent_after_idle is False
         default = signal_sources(
-            ControllerConfig.model_validate({"processSource": "agent"}), client, executor=None  # type: ignore[arg-type]
+            ControllerConfig.model_validate({"processSource": "agent"}),
+            client,
+            executor=None,  # type: ignore[arg-type]
         )
         assert default.utilization.agent_after_idle is True
 
