@@ -48,13 +48,14 @@ import hashlib
 import json
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import ClassVar
 
 import httpx
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from ghostgpu.agent.exporter import live_roles, role_series
+from ghostgpu.quiet_http import QuietHTTPServer
 from ghostgpu.verdict import ProcessCounts
 
 METRICS: dict[str, tuple[str, str]] = {
@@ -312,9 +313,9 @@ class _Handler(BaseHTTPRequestHandler):
             self._reply(400, json.dumps({"error": str(e)}))
 
 
-def make_server(port: int, store: Store | None = None) -> ThreadingHTTPServer:
+def make_server(port: int, store: Store | None = None) -> QuietHTTPServer:
     handler = type("Handler", (_Handler,), {"store": store or Store()})
-    return ThreadingHTTPServer(("127.0.0.1", port), handler)
+    return QuietHTTPServer(("127.0.0.1", port), handler)
 
 
 class FakeDcgmClient:

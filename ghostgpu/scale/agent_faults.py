@@ -28,7 +28,7 @@ import threading
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import ClassVar
 
 from prometheus_client import CollectorRegistry, generate_latest
@@ -37,6 +37,7 @@ from prometheus_client.registry import Collector
 
 from ghostgpu.agent.exporter import AgentExporter
 from ghostgpu.agent.scan import ContainerKey, ScanResult, Seen, Unseen
+from ghostgpu.quiet_http import QuietHTTPServer
 from ghostgpu.verdict import ProcessCounts
 
 AGENT_FAULTS = (
@@ -138,7 +139,7 @@ class AgentFleet:
         self.slots = [Slot() for _ in range(slots)]
         self.rng = random.Random(seed)
         self.lock = threading.Lock()
-        self.server: ThreadingHTTPServer | None = None
+        self.server: QuietHTTPServer | None = None
 
     def targets(self) -> list[tuple[str, str]]:
         """(name, metrics path) of every target."""
@@ -232,8 +233,7 @@ class AgentFleet:
                 self.end_headers()
                 self.wfile.write(data)
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
-        self.server.daemon_threads = True
+        self.server = QuietHTTPServer(("127.0.0.1", port), Handler)
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
     def stop(self) -> None:

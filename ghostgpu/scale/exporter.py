@@ -30,7 +30,7 @@ import json
 import shutil
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -39,6 +39,7 @@ import yaml
 from ghostgpu.agent.exporter import live_roles, role_series
 from ghostgpu.devcluster import procs
 from ghostgpu.devcluster.paths import Toolchain
+from ghostgpu.quiet_http import QuietHTTPServer
 from ghostgpu.scale import sessions
 from ghostgpu.scale.fleet import BUSY_TABLE, IDLE_TABLE, SESSION_TABLE
 from ghostgpu.signals.agent import PROCESSES_METRIC, PROGRAMS_LABEL, SCAN_METRIC
@@ -205,7 +206,7 @@ def serve(port: int, fleet: Path, *, agent: bool = True) -> None:
     body = [_Body(json.loads(fleet.read_text()) if fleet.exists() else [], agent)]
     attrs = {"fleet": fleet, "agent": agent, "lock": threading.Lock(), "body": body}
     handler = type("Handler", (_Handler,), attrs)
-    ThreadingHTTPServer(("127.0.0.1", port), handler).serve_forever()
+    QuietHTTPServer(("127.0.0.1", port), handler).serve_forever()
 
 
 def prometheus_config(exporter_port: int, scrape_interval: str, *, cadvisor: bool = False) -> dict[str, Any]:
