@@ -9,6 +9,7 @@ and `ghostgpu doctor` fails its "one producer per signal" row.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import subprocess
@@ -16,7 +17,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,7 @@ from test_controller import LEASE_NS, REPO, Controller, controller_config, deplo
 
 from ghostgpu.devcluster import DevCluster, FakeDcgmClient
 from ghostgpu.devcluster.components import AGENT_NAMESPACE, AGENT_SCRAPE_JOB
+from ghostgpu.quiet_http import QuietHTTPServer
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -58,39 +60,55 @@ class Forger:
                 self.end_headers()
                 self.wfile.write(data)
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
+        # The victim's series are read from the real exporters in the background, so a scrape is
+        # answered at once: reading them per scrape outlasted the 1 s scrape timeout on a loaded
+        # machine, and a forger whose scrapes fail writes too few samples to be counted.
+        self.victim: list[tuple[str, str, bool]] = self._read_victim()
+        self._stop = threading.Event()
+        threading.Thread(target=self._keep_reading, daemon=True).start()
+        self.server = QuietHTTPServer(("127.0.0.1", 0), Handler)
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
         self.port = self.server.server_address[1]
+
+    def _read_victim(self) -> list[tuple[str, str, bool]]:
+        """(name, labels, whether the agent's) of each of the victim's series the exporters serve."""
+        rows: list[tuple[str, str, bool]] = []
+        for path, agent in (("/metrics", False), ("/agent/metrics", True)):
+            for line in httpx.get(self.dcgm_url + path, timeout=5).text.splitlines():
+                m = _LINE.match(line)
+                mine = f'pod="{self.pod}"' if not agent else f'tracked_pod="{self.pod}"'
+                if m and mine in m["labels"]:
+                    rows.append((m["name"], m["labels"], agent))
+        return rows
+
+    def _keep_reading(self) -> None:
+        while not self._stop.wait(0.5):
+            with contextlib.suppress(httpx.HTTPError):
+                self.victim = self._read_victim()
 
     def body(self) -> str:
         now = time.time()
         stamp = f" {int((now + 30) * 1000)}" if self.mode == "ahead" else ""
         out: list[str] = []
-        for path, agent in (("/metrics", False), ("/agent/metrics", True)):
-            for line in httpx.get(self.dcgm_url + path, timeout=5).text.splitlines():
-                m = _LINE.match(line)
-                mine = f'pod="{self.pod}"' if not agent else f'tracked_pod="{self.pod}"'
-                if not m or mine not in m["labels"]:
-                    continue
-                name, labels = m["name"], m["labels"]
-                value = "0"
-                if name == "ghostgpu_agent_container_processes":
-                    value = "1" if 'role="holder"' in labels else "0"
-                elif name == "ghostgpu_agent_container_scan_timestamp_seconds":
-                    value = f"{now:.3f}"
-                elif name == "ghostgpu_agent_container_program":
-                    continue  # a holder runs no program worth naming
-                if self.mode != "own":
-                    job = AGENT_SCRAPE_JOB if agent else "dcgm-exporter"
-                    extra = f'job="{job}",instance="{self.instance}"'
-                    if agent:
-                        extra += f',namespace="{AGENT_NAMESPACE}"'
-                    labels = f"{extra},{labels}"
-                out.append(f"{name}{{{labels}}} {value}{stamp}")
+        for name, labels, agent in self.victim:
+            value = "0"
+            if name == "ghostgpu_agent_container_processes":
+                value = "1" if 'role="holder"' in labels else "0"
+            elif name == "ghostgpu_agent_container_scan_timestamp_seconds":
+                value = f"{now:.3f}"
+            elif name == "ghostgpu_agent_container_program":
+                continue  # a holder runs no program worth naming
+            if self.mode != "own":
+                job = AGENT_SCRAPE_JOB if agent else "dcgm-exporter"
+                extra = f'job="{job}",instance="{self.instance}"'
+                if agent:
+                    extra += f',namespace="{AGENT_NAMESPACE}"'
+                labels = f"{extra},{labels}"
+            out.append(f"{name}{{{labels}}} {value}{stamp}")
         return "\n".join(out) + "\n"
 
     def close(self) -> None:
+        self._stop.set()
         self.server.shutdown()
         self.server.server_close()
 
