@@ -387,8 +387,7 @@ class OptionalReflector(Reflector):
                     missing, error = True, f"{self.rtype.version} is not served"
                 else:
                     await self._list()
-                    listed = True
-                    continue
+                    break
             except asyncio.CancelledError:
                 raise
             except Exception as exc:

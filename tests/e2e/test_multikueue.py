@@ -290,12 +290,11 @@ def _reserved(w: Cluster) -> dict[str, Any] | None:
 def _back_within(w: Cluster, timeout: float) -> float | None:
     """When (monotonic) its one placeholder is seen admitted and PodsReady, or None past `timeout`:
     a measure, not a condition (docs/reservation.md)."""
-    t0 = time.monotonic()
-    while time.monotonic() - t0 < timeout:
-        if _reserved(w):
-            return time.monotonic()
-        time.sleep(0.5)
-    return None
+    try:
+        wait_for(lambda: _reserved(w), timeout, "the placeholder admitted again")
+    except AssertionError:
+        return None
+    return time.monotonic()
 
 
 def _controller_config(tmp: Path) -> Path:
